@@ -1,0 +1,77 @@
+"""tilefly: an optional Hopper (sm_90) kernel backend behind PyTorch operators.
+
+    import tilefly
+    tilefly.enable()                 # eager overrides (RMSNorm, TopK, ...) on this process
+    print(tilefly.explain(f, x))     # which ops tilefly served, and why not otherwise
+    tilefly.disable()                # ATen's kernels again
+
+Importing tilefly compiles nothing and needs no GPU; kernels compile on first use.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterable, Iterator
+
+from tilefly import _dispatch, config
+from tilefly import ops as _ops
+from tilefly._dispatch import TileflyKernelError
+from tilefly._explain import Explanation, explain
+
+__version__ = "0.1.0"
+__all__ = ["enable", "disable", "enabled", "enabled_ops", "explain", "Explanation",
+           "TileflyKernelError", "config", "__version__"]
+
+_log = logging.getLogger("tilefly")
+if not _log.handlers:
+    _log.addHandler(logging.NullHandler())
+
+
+def _families(ops_arg: Iterable[str] | str | None) -> list[str]:
+    if isinstance(ops_arg, str):
+        ops_arg = [ops_arg]
+    if ops_arg is None:
+        ops_arg = config.ops or tuple(_ops.FAMILIES)
+    names = list(ops_arg)
+    unknown = [n for n in names if n not in _ops.FAMILIES]
+    if unknown:
+        raise ValueError(f"tilefly.enable: ops has unknown names {unknown}; known: {', '.join(sorted(_ops.FAMILIES))}")
+    return names
+
+
+def enable(ops: Iterable[str] | str | None = None) -> tuple[str, ...]:
+    """Route the given op families (default: ``config.ops`` or all) through tilefly.
+
+    Idempotent; returns the families now enabled. With ``TILEFLY_DISABLE=1``
+    nothing is installed and an empty tuple comes back.
+    """
+    names = _families(ops)
+    if config.disable:
+        _log.info("tilefly.enable: TILEFLY_DISABLE is set; nothing installed")
+        return enabled_ops()
+    for name in names:
+        _ops.load(name)
+    _dispatch.install(names)
+    return enabled_ops()
+
+
+def disable(ops: Iterable[str] | str | None = None) -> None:
+    """Give the named families (default: all) back to ATen."""
+    _dispatch.uninstall(None if ops is None else _families(ops))
+
+
+def enabled_ops() -> tuple[str, ...]:
+    """The op families currently routed through tilefly."""
+    return _dispatch.installed()
+
+
+@contextlib.contextmanager
+def enabled(ops: Iterable[str] | str | None = None) -> Iterator[tuple[str, ...]]:
+    """``with tilefly.enabled(): ...`` enables for the block, then restores what was enabled before."""
+    before = set(enabled_ops())
+    try:
+        yield enable(ops)
+    finally:
+        now = set(enabled_ops())
+        if now - before:
+            _dispatch.uninstall(now - before)

@@ -1,0 +1,237 @@
+"""The eager router: tilefly's kernels behind aten ops, ATen's kernel as fallback.
+
+Per aten op (``"aten::topk"``, ``"aten::topk.values"``) the router keeps an
+ordered list of implementations, each an eligibility predicate and a function.
+Installing an op captures the kernel currently registered for the dispatch key
+(ATen's, or torch._native's router where that is active) and registers one
+handler in its place:
+
+    handler(keyset, *args, **kwargs):
+        for each implementation:  predicate(*args, **kwargs) -> None | reason
+            None   -> return implementation(*args, **kwargs)
+        return original.call_boxed(keyset, *args, **kwargs)
+
+Calling the captured kernel, not re-dispatching, is what keeps the fallback
+from re-entering this handler. Autograd sits above the dispatch key, so
+ATen's derivative formulas keep working with tilefly's forward outputs.
+
+Predicates run on every call: no host syncs, no allocation, cached device
+facts only. The boxed call passes only the arguments the caller gave (trailing
+defaults are dropped), so predicates and implementations declare the op's
+defaults in their own signatures.
+
+Install and uninstall are idempotent and serialized by one lock; the handler
+reads an immutable tuple, so concurrent calls never see a half-built list.
+Dropping a ``torch.library.Library`` unregisters its kernels, so each installed
+op keeps its own Library here until uninstalled (``_destroy`` restores ATen).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from tilefly import config
+
+__all__ = ["Impl", "TileflyKernelError", "register", "install", "uninstall", "installed", "recording"]
+
+_log = logging.getLogger("tilefly.dispatch")
+
+Predicate = Callable[..., "str | None"]
+
+
+class TileflyKernelError(RuntimeError):
+    """A tilefly kernel raised while ``tilefly.config.on_error == 'raise'``."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    family: str          # op family that owns it, as named in enable(ops=...)
+    op: str              # "aten::name[.overload]"
+    name: str            # shown by explain() and debug logs, e.g. "triton_rms_norm"
+    predicate: Predicate
+    fn: Callable[..., Any]
+    dispatch_key: str = "CUDA"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One call's outcome: served by ``impl`` or fell back for ``reason``."""
+
+    op: str
+    impl: str | None
+    reason: str | None
+
+
+class _Route:
+    """One aten op on one dispatch key while installed."""
+
+    def __init__(self, op: str, dispatch_key: str, impls: tuple[Impl, ...]):
+        self.op = op
+        self.dispatch_key = dispatch_key
+        self.impls = impls
+        self.original = torch.library.get_kernel(op, dispatch_key)
+        self.library = torch.library.Library(op.split("::")[0], "IMPL")
+        handler = _make_handler(op, impls, self.original)
+        with warnings.catch_warnings():
+            # torch warns on every override of an existing kernel: that is the point here.
+            warnings.simplefilter("ignore", UserWarning)
+            self.library.impl(op.split("::")[1], handler, dispatch_key, with_keyset=True, **_IMPL_KWARGS)
+
+    def remove(self) -> None:
+        self.library._destroy()
+
+
+def _impl_kwargs() -> dict[str, Any]:
+    # torch 2.11 refuses a second Python kernel on one op unless asked; 2.13 allows it by default.
+    params = inspect.signature(torch.library.Library.impl).parameters
+    return {"allow_override": True} if "allow_override" in params else {}
+
+
+_IMPL_KWARGS = _impl_kwargs()
+
+_lock = threading.RLock()
+_registry: dict[str, list[Impl]] = {}       # family -> its implementations, in priority order
+_active: set[str] = set()                    # installed families
+_routes: dict[tuple[str, str], _Route] = {}  # (op, dispatch key) -> installed route
+
+
+def register(impl: Impl) -> None:
+    """Make ``impl`` known to the router; installed when its family is enabled."""
+    with _lock:
+        impls = _registry.setdefault(impl.family, [])
+        if any(i.op == impl.op and i.name == impl.name and i.dispatch_key == impl.dispatch_key for i in impls):
+            return
+        impls.append(impl)
+        if impl.family in _active:
+            _rebuild({(impl.op, impl.dispatch_key)})
+
+
+def registered(family: str | None = None) -> list[Impl]:
+    with _lock:
+        if family is not None:
+            return list(_registry.get(family, ()))
+        return [i for impls in _registry.values() for i in impls]
+
+
+def install(families: list[str] | tuple[str, ...] | set[str]) -> None:
+    """Install the routes of ``families`` (already registered); idempotent."""
+    with _lock:
+        unknown = [f for f in families if f not in _registry]
+        if unknown:
+            raise ValueError(f"no implementations registered for {unknown}")
+        new = set(families) - _active
+        if not new:
+            return
+        _active.update(new)
+        _rebuild(_keys_of(new))
+
+
+def uninstall(families: list[str] | tuple[str, ...] | set[str] | None = None) -> None:
+    """Remove the routes of ``families`` (all when None); ATen's kernels come back."""
+    with _lock:
+        gone = set(_active) if families is None else set(families) & _active
+        if not gone:
+            return
+        _active.difference_update(gone)
+        _rebuild(_keys_of(gone))
+
+
+def installed() -> tuple[str, ...]:
+    with _lock:
+        return tuple(sorted(_active))
+
+
+def _keys_of(families: set[str]) -> set[tuple[str, str]]:
+    return {(i.op, i.dispatch_key) for f in families for i in _registry.get(f, ())}
+
+
+def _rebuild(keys: set[tuple[str, str]]) -> None:
+    for key in sorted(keys):
+        route = _routes.pop(key, None)
+        if route is not None:
+            route.remove()
+        impls = tuple(i for f in sorted(_active) for i in _registry[f] if (i.op, i.dispatch_key) == key)
+        if impls:
+            _routes[key] = _Route(key[0], key[1], impls)
+        _log.debug("%s on %s: %s", key[0], key[1], [i.name for i in impls] or "ATen restored")
+
+
+# ---- observation: explain() and debug logging ------------------------------------------------
+
+_tls = threading.local()
+_recorders = 0  # explain() blocks open in any thread; the handler skips the thread-local when 0
+
+
+class recording:
+    """Collect this thread's dispatch decisions (``with recording() as decisions: ...``)."""
+
+    def __enter__(self) -> list[Decision]:
+        global _recorders
+        self._outer = getattr(_tls, "decisions", None)
+        self.decisions: list[Decision] = []
+        _tls.decisions = self.decisions
+        with _lock:
+            _recorders += 1
+        return self.decisions
+
+    def __exit__(self, *exc) -> None:
+        global _recorders
+        _tls.decisions = self._outer
+        with _lock:
+            _recorders -= 1
+
+
+def _observe(op: str, impl: str | None, reason: str | None) -> None:
+    if _recorders:
+        decisions = getattr(_tls, "decisions", None)
+        if decisions is not None:
+            decisions.append(Decision(op, impl, reason))
+    if _log.isEnabledFor(logging.DEBUG):
+        if impl is not None:
+            _log.debug("%s -> tilefly %s", op, impl)
+        else:
+            _log.debug("%s -> ATen (%s)", op, reason)
+
+
+_warned: set[tuple[str, type]] = set()
+
+
+def _failed(impl: Impl, exc: Exception) -> str:
+    """Apply the on_error policy; returns the fallback reason."""
+    if config.on_error == "raise":
+        raise TileflyKernelError(f"tilefly {impl.name} failed on {impl.op}: {exc}") from exc
+    key = (impl.name, type(exc))
+    if key not in _warned:
+        _warned.add(key)
+        _log.warning("tilefly %s failed on %s (%s: %s); recomputing with ATen. "
+                     "Set TILEFLY_ON_ERROR=raise to see the error.", impl.name, impl.op, type(exc).__name__, exc)
+    return f"{impl.name} raised {type(exc).__name__}: {exc}"
+
+
+def _make_handler(op: str, impls: tuple[Impl, ...], original) -> Callable[..., Any]:
+    def handler(keyset, *args, **kwargs):
+        reasons = []
+        for impl in impls:
+            reason = impl.predicate(*args, **kwargs)
+            if reason is None:
+                try:
+                    out = impl.fn(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - policy decides; ATen recomputes all outputs
+                    reason = _failed(impl, exc)
+                else:
+                    if _recorders or _log.isEnabledFor(logging.DEBUG):
+                        _observe(op, impl.name, None)
+                    return out
+            reasons.append(reason if len(impls) == 1 else f"{impl.name}: {reason}")
+        if _recorders or _log.isEnabledFor(logging.DEBUG):
+            _observe(op, None, "; ".join(reasons))
+        return original.call_boxed(keyset, *args, **kwargs)
+
+    handler.__name__ = f"tilefly_route_{op.replace('::', '_').replace('.', '_')}"
+    return handler

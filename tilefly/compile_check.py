@@ -1,0 +1,124 @@
+"""Compile every shipped kernel config for sm_90a, without a GPU.
+
+Each op family that ships kernels has a ``configs`` module with a
+``compile_specs()`` function yielding one ``KernelSpec`` per shipped config.
+``check()`` compiles each for ``GPUTarget("cuda", 90, 32)`` (Triton through
+``ASTSource``, Gluon through ``GluonASTSource``), reads registers, stack and
+local memory from the cubin with the cuobjdump that ships with Triton, and
+checks that the machine instructions the kernel is meant to use are there
+(e.g. ``HGMMA`` for a wgmma GEMM). CI runs it; a config that does not compile
+fails the build.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from tilefly import ops
+
+TARGET_ARCH = 90
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str                          # "rms_norm.one_pass[bf16,BLOCK_N=4096]"
+    kernel: Callable[[], Any]          # returns the @triton.jit / @gluon.jit function (imports lazily)
+    signature: dict[str, str]          # Triton signature strings: "*bf16", "i32", "fp32", "constexpr", "tensordesc<...>"
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 3
+    gluon: bool = False
+    sass_must_contain: tuple[str, ...] = ()   # e.g. ("HGMMA",)
+    max_local_bytes: int = 0                  # spills allowed to local memory, bytes
+
+
+@dataclass
+class CompileResult:
+    spec: KernelSpec
+    ok: bool
+    seconds: float
+    registers: int | None = None
+    stack: int | None = None
+    local: int | None = None
+    shared: int | None = None
+    error: str | None = None
+
+    def row(self) -> str:
+        if not self.ok:
+            return f"FAIL {self.spec.name}: {self.error}"
+        return (f"ok   {self.spec.name:<60} regs {self.registers:>3}  local {self.local:>4}  "
+                f"stack {self.stack:>4}  smem {self.shared:>6}  {self.seconds:5.1f}s")
+
+
+def shipped_specs(families: Iterable[str] | None = None) -> list[KernelSpec]:
+    """Every KernelSpec the op families ship."""
+    specs: list[KernelSpec] = []
+    for name in families or ops.FAMILIES:
+        try:
+            configs = importlib.import_module(f"{ops.FAMILIES[name].module}.configs")
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.endswith(".configs"):
+                continue
+            raise
+        specs.extend(configs.compile_specs())
+    return specs
+
+
+def _tool(name: str) -> str:
+    from triton import knobs
+
+    return getattr(knobs.nvidia, name).path
+
+
+_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def compile_one(spec: KernelSpec) -> CompileResult:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    start = time.perf_counter()
+    try:
+        fn = spec.kernel()
+        if spec.gluon:
+            from triton.experimental.gluon._runtime import GluonASTSource as Source
+        else:
+            from triton.compiler import ASTSource as Source
+        src = Source(fn, spec.signature, constexprs=dict(spec.constexprs))
+        options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+        compiled = triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32), options=options)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name],
+                                   capture_output=True, text=True, check=True).stdout
+            sass = ""
+            if spec.sass_must_contain:
+                sass = subprocess.run([_tool("cuobjdump"), "-sass", f.name],
+                                      capture_output=True, text=True, check=True).stdout
+    except Exception as exc:  # noqa: BLE001 - reported per kernel
+        return CompileResult(spec, False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:2000])
+    m = _RES.search(usage)
+    regs, stack, _, local = (int(g) for g in m.groups()) if m else (None, None, None, None)
+    result = CompileResult(spec, True, time.perf_counter() - start, regs, stack, local, compiled.metadata.shared)
+    missing = [s for s in spec.sass_must_contain if s not in sass]
+    if missing:
+        result.ok, result.error = False, f"SASS lacks {missing}: the kernel is not on the intended path"
+    elif local is not None and local > spec.max_local_bytes:
+        result.ok, result.error = False, f"{local} bytes of local memory (register spills); allowed {spec.max_local_bytes}"
+    return result
+
+
+def check(families: Iterable[str] | None = None, echo: Callable[[str], None] | None = None) -> list[CompileResult]:
+    results = []
+    for spec in shipped_specs(families):
+        result = compile_one(spec)
+        if echo:
+            echo(result.row())
+        results.append(result)
+    return results

@@ -1,0 +1,146 @@
+"""Every tilefly option in one place.
+
+Each option is a module attribute, read once from its ``TILEFLY_*`` environment
+variable when tilefly is imported and changeable at run time::
+
+    import tilefly.config as cfg
+    cfg.on_error = "raise"          # or TILEFLY_ON_ERROR=raise
+    cfg.reload()                    # re-read the environment
+
+``describe()`` lists every option with its variable, value and meaning.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["OPTIONS", "describe", "reload"]
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false, yes/no, on/off), got {text!r}")
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _ops(text: str) -> tuple[str, ...] | None:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    return names or None
+
+
+def _log_level(text: str) -> str:
+    value = text.strip().upper()
+    if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {text!r}")
+    return value
+
+
+def _path(text: str) -> str | None:
+    return text.strip() or None
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("disable", "TILEFLY_DISABLE", _bool, False,
+           "Turn tilefly off entirely: enable() installs nothing and Inductor gets no TILEFLY candidates."),
+    Option("ops", "TILEFLY_OPS", _ops, None,
+           "Comma-separated op families enable() installs when called without ops= (default: all)."),
+    Option("log_level", "TILEFLY_LOG_LEVEL", _log_level, "WARNING",
+           "Level of the 'tilefly' logger; DEBUG logs every dispatch decision with its reason."),
+    Option("on_error", "TILEFLY_ON_ERROR", _choice("fallback", "raise"), "fallback",
+           "When a tilefly kernel raises: 'fallback' logs a warning and recomputes with ATen; 'raise' re-raises."),
+    Option("force", "TILEFLY_FORCE", _bool, False,
+           "Ignore performance bands (serve inputs where ATen is known to be faster); correctness limits stay."),
+    Option("gemm_autotune", "TILEFLY_GEMM_AUTOTUNE", _choice("default", "exhaustive"), "default",
+           "GEMM candidates offered to Inductor: the curated config list or every config that fits."),
+    Option("attention_db", "TILEFLY_ATTENTION_DB", _path, None,
+           "Path of an attention tuning database to use instead of the shipped one."),
+)
+
+# Module attributes, filled by reload(); declared for readers and type checkers.
+disable: bool
+ops: tuple[str, ...] | None
+log_level: str
+on_error: str
+force: bool
+gemm_autotune: str
+attention_db: str | None
+
+
+_BY_NAME = {opt.name: opt for opt in OPTIONS}
+
+
+def reload() -> None:
+    """Read every option from its environment variable (or its default)."""
+    module = sys.modules[__name__]
+    for opt in OPTIONS:
+        raw = os.environ.get(opt.env)
+        if raw is None:
+            setattr(module, opt.name, opt.default)
+            continue
+        try:
+            value = opt.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{opt.env}: {exc}") from None
+        setattr(module, opt.name, value)
+
+
+def _coerce(opt: Option, value: Any) -> Any:
+    if isinstance(value, str):
+        return opt.parse(value)
+    if value is None and opt.default is None:
+        return None
+    if opt.name == "ops":
+        return _ops(",".join(value))
+    if isinstance(opt.default, bool) and isinstance(value, bool):
+        return value
+    raise TypeError(f"tilefly.config.{opt.name}: expected a string or {type(opt.default).__name__}, got {value!r}")
+
+
+class _ConfigModule(types.ModuleType):
+    """Validates assignments, so a bad value fails where it is set, naming the option."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        opt = _BY_NAME.get(name)
+        if opt is not None:
+            value = _coerce(opt, value)
+            if name == "log_level":
+                logging.getLogger("tilefly").setLevel(value)
+        super().__setattr__(name, value)
+
+
+def describe() -> str:
+    """One line per option: name, environment variable, current value, meaning."""
+    lines = []
+    for opt in OPTIONS:
+        lines.append(f"{opt.name:<14} {opt.env:<22} {globals()[opt.name]!r:<12} {opt.doc}")
+    return "\n".join(lines)
+
+
+sys.modules[__name__].__class__ = _ConfigModule
+reload()

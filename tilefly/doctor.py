@@ -1,0 +1,123 @@
+"""``python -m tilefly doctor`` and ``selfcheck``: what this machine is, what
+tilefly would serve on it, and whether every shipped kernel compiles."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+from tilefly import _device, config, ops
+
+
+def environment() -> dict[str, str]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "tilefly": _tilefly_version(),
+        "cuda runtime": str(torch.version.cuda),
+    }
+    if _device.cuda_available():
+        index = torch.cuda.current_device()
+        props = _device.properties(index)
+        cap = _device.capability(index)
+        env["gpu"] = f"{props.name} (sm_{cap[0]}{cap[1]}, {props.multi_processor_count} SMs, " \
+                     f"{props.total_memory / 2**30:.0f} GiB)"
+    else:
+        env["gpu"] = "none (no CUDA device visible)"
+    return env
+
+
+def _tilefly_version() -> str:
+    import tilefly
+
+    return tilefly.__version__
+
+
+def _family_status(name: str) -> str:
+    family = ops.FAMILIES[name]
+    if config.disable:
+        return "off: TILEFLY_DISABLE is set"
+    if config.ops and name not in config.ops:
+        return f"off: not in TILEFLY_OPS={','.join(config.ops)}"
+    if not _device.cuda_available():
+        return "would not serve: no CUDA GPU"
+    if not _device.has_hopper():
+        cap = _device.capability(torch.cuda.current_device())
+        return f"would not serve: GPU is sm_{cap[0]}{cap[1]}, kernels target sm_90"
+    try:
+        ops.load(name)
+    except Exception as exc:  # noqa: BLE001 - a broken family is reported, not fatal
+        return f"broken: {type(exc).__name__}: {exc}"
+    how = "tilefly.enable()" if family.reached_by == "eager" else \
+        "torch.compile(mode='max-autotune') with TILEFLY in max_autotune_gemm_backends"
+    return f"ready, reached through {how}"
+
+
+def report() -> str:
+    lines = ["tilefly doctor", ""]
+    for key, value in environment().items():
+        lines.append(f"  {key:<13} {value}")
+    lines += ["", "op families:"]
+    for name, family in ops.FAMILIES.items():
+        lines.append(f"  {name:<13} {family.summary}")
+        lines.append(f"  {'':<13} -> {_family_status(name)}")
+    lines += ["", "options (python -m tilefly config):"]
+    lines += ["  " + line for line in config.describe().splitlines()]
+    return "\n".join(lines)
+
+
+def selfcheck(echo=print) -> int:
+    """Compile every shipped kernel for sm_90a and run the interpreter checks; 0 when all pass."""
+    from tilefly.compile_check import check
+
+    echo("compiling every shipped kernel config for sm_90a (no GPU needed):")
+    results = check(echo=lambda row: echo("  " + row))
+    failed = [r for r in results if not r.ok]
+    echo(f"  {len(results) - len(failed)} of {len(results)} configs compiled")
+    status = run_interpreter_checks(echo)
+    return 1 if failed or status else 0
+
+
+def run_interpreter_checks(echo=print) -> int:
+    """Run every family's Triton-interpreter checks in a child process (TRITON_INTERPRET=1 must be
+    set before kernels are defined, so it cannot be switched on inside this process)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = "import sys; from tilefly.doctor import _interpreter_main; sys.exit(_interpreter_main())"
+    echo("Triton interpreter checks (CPU):")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    for line in (proc.stdout + proc.stderr).splitlines():
+        echo("  " + line)
+    return proc.returncode
+
+
+def _interpreter_main() -> int:
+    import importlib
+
+    failures = 0
+    count = 0
+    for name, family in ops.FAMILIES.items():
+        try:
+            configs = importlib.import_module(f"{family.module}.configs")
+        except ModuleNotFoundError:
+            continue
+        for check_name, fn in getattr(configs, "interpreter_checks", lambda: [])():
+            count += 1
+            try:
+                fn()
+                print(f"ok   {name}.{check_name}")
+            except Exception as exc:  # noqa: BLE001
+                failures += 1
+                print(f"FAIL {name}.{check_name}: {type(exc).__name__}: {exc}")
+    print(f"{count - failures} of {count} interpreter checks passed")
+    return 1 if failures else 0

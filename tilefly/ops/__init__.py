@@ -1,0 +1,38 @@
+"""Operator families. Each subpackage's ``__init__`` registers its implementations
+with the router (or its Inductor candidates) when imported, and nothing else;
+kernels live in each family's ``kernels.py`` and are imported on first use.
+
+``FAMILIES`` maps the names users pass to ``tilefly.enable(ops=...)`` to their
+packages and says how each is reached.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    module: str
+    reached_by: str  # "eager" (dispatch router) or "inductor" (max-autotune candidates)
+    summary: str
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("rms_norm", "tilefly.ops.rms_norm", "eager",
+               "F.rms_norm forward (aten::_fused_rms_norm); backward stays ATen's"),
+        Family("topk", "tilefly.ops.topk", "eager", "torch.topk and its out= form"),
+    )
+}
+
+
+def load(name: str) -> Family:
+    """Import a family's package (registering it) and return its description."""
+    family = FAMILIES.get(name)
+    if family is None:
+        raise ValueError(f"unknown tilefly op family {name!r}; known: {', '.join(sorted(FAMILIES))}")
+    importlib.import_module(family.module)
+    return family
