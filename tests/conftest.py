@@ -28,4 +28,5 @@ def _clean_tilefly(monkeypatch):
     tilefly.disable()
     yield
     tilefly.disable()
-    config.reload()
+    for opt in config.OPTIONS:
+        setattr(config, opt.name, opt.default)

@@ -7,6 +7,7 @@ enabled) are reported too instead of silently missing.
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,6 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tilefly import _dispatch, ops
+
+_log = logging.getLogger("tilefly")
 
 
 @dataclass
@@ -77,7 +80,10 @@ def explain(fn: Callable[..., Any], *args, **kwargs) -> Explanation:
     if not callable(fn):
         raise TypeError(f"tilefly.explain: fn must be callable, got {type(fn).__name__}")
     for name in ops.FAMILIES:
-        ops.load(name)
+        try:
+            ops.load(name)  # registers its ops, so calls of families not enabled are reported too
+        except Exception as exc:  # noqa: BLE001 - a broken family must not break explain()
+            _log.debug("explain: cannot load %s: %s", name, exc)
     # func.name() spells overloads as the router does: "aten::topk", "aten::topk.values".
     watched = {i.op: i.family for i in _dispatch.registered()}
     with _dispatch.recording() as decisions, _Watch(watched, decisions):

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call: install tilefly, run the GPU tests and the named benchmark
+# suites, and leave logs and JSON under $OUT (default ./gpu_out).
+#
+#   scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
+#                        [--run "SHELL COMMAND"] [--no-tests]
+#
+# The device returns at most 8 files from $OUT, so everything (test logs, each
+# suite's Markdown, JSON and PNG) lands in $OUT/results.tgz beside the summary log.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+WORK=$(mktemp -d)
+mkdir -p "$OUT" "$WORK/bench"
+export PYTHONUNBUFFERED=1
+TESTS="tests"; BENCH=""; QUICK=""; RUN=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) TESTS="$2"; shift 2 ;;
+    --no-tests) TESTS=""; shift ;;
+    --bench) BENCH="$2"; shift 2 ;;
+    --quick) QUICK="--quick"; shift ;;
+    --run) RUN+=("$2"); shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+LOG="$OUT/gpu_check.log"
+say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+
+say "install"
+python3 -m pip install -e . --no-deps --no-build-isolation -q >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log" | tee -a "$LOG"; exit 1; }
+python3 -m tilefly doctor 2>&1 | tee "$WORK/doctor.txt" | head -12 | tee -a "$LOG"
+python3 scripts/router_overhead.py --json "$WORK/router_overhead.json" 2>&1 | tee -a "$LOG"
+
+if [ -n "$TESTS" ]; then
+  say "GPU tests: $TESTS"
+  python3 -m pytest -q -m cuda -p no:cacheprovider $TESTS >"$WORK/gpu_tests.log" 2>&1
+  echo "pytest exit $?" >>"$WORK/gpu_tests.log"
+  grep -E "passed|failed|error|FAILED|ERROR" "$WORK/gpu_tests.log" | tail -40 | tee -a "$LOG"
+fi
+
+for cmd in "${RUN[@]}"; do
+  say "run: $cmd"
+  bash -c "$cmd" 2>&1 | tee -a "$WORK/run.log" | tail -60 | tee -a "$LOG"
+done
+
+for suite in $BENCH; do
+  say "bench $suite $QUICK"
+  python3 -m tilefly bench --suite "$suite" $QUICK --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
+  echo "bench exit $?" >>"$WORK/bench/$suite.md.log"
+  cat "$WORK/bench/$suite.md.log" | grep -v "it/s\]" | tail -80 >>"$LOG"
+done
+
+say "done"
+cp "$LOG" "$WORK/"
+tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null

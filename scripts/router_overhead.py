@@ -1,0 +1,83 @@
+"""Host time the eager router adds per call, fallback path and served path.
+
+A stand-in family routes ``aten::topk`` on the given dispatch key: its served
+implementation calls ATen's captured kernel directly, so 'served' minus 'ATen'
+is the router's own cost (predicate + handler + one extra Python frame), and
+'fallback' minus 'ATen' is what an ineligible call pays. Each figure is the
+median of several batches of back-to-back calls on a tiny input, host clock,
+device synchronized at the end of each batch.
+
+    python scripts/router_overhead.py [--device cuda|cpu] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from tilefly import _dispatch
+
+
+def _per_call_us(fn, calls: int, batches: int, sync) -> float:
+    for _ in range(calls // 10):
+        fn()
+    sync()
+    samples = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def measure(device: str, calls: int = 5000, batches: int = 7) -> dict[str, float]:
+    key = "CUDA" if device == "cuda" else "CPU"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    original = torch.library.get_kernel("aten::topk", key)
+    keyset = torch._C.DispatchKeySet(key)
+
+    def predicate(x, k, dim=-1, largest=True, sorted=True):
+        return None if k == 1 else "stand-in serves k == 1 only"
+
+    def served(x, k, dim=-1, largest=True, sorted=True):
+        return original.call_boxed(keyset, x, k, dim, largest, sorted)
+
+    x = torch.randn(4, 64, device=device)
+    result = {"aten_us": _per_call_us(lambda: torch.topk(x, 1), calls, batches, sync)}
+    _dispatch.register(_dispatch.Impl("overhead_probe", "aten::topk", "probe", predicate, served, dispatch_key=key))
+    _dispatch.install(["overhead_probe"])
+    try:
+        result["served_us"] = _per_call_us(lambda: torch.topk(x, 1), calls, batches, sync)
+        result["fallback_us"] = _per_call_us(lambda: torch.topk(x, 2), calls, batches, sync)
+    finally:
+        _dispatch.uninstall(["overhead_probe"])
+    result["aten_k2_us"] = _per_call_us(lambda: torch.topk(x, 2), calls, batches, sync)
+    result["served_added_us"] = result["served_us"] - result["aten_us"]
+    result["fallback_added_us"] = result["fallback_us"] - result["aten_k2_us"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    result = measure(args.device)
+    result["device"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    result["torch"] = torch.__version__
+    print(f"router overhead on {result['device']} (torch {result['torch']}), host µs per call:")
+    print(f"  ATen topk                 {result['aten_us']:6.2f}")
+    print(f"  served (router + wrapper) {result['served_us']:6.2f}  (+{result['served_added_us']:.2f})")
+    print(f"  fallback (router, ATen)   {result['fallback_us']:6.2f}  (+{result['fallback_added_us']:.2f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
