@@ -147,6 +147,12 @@ def installed() -> tuple[str, ...]:
         return tuple(sorted(_active))
 
 
+def original(op: str, dispatch_key: str = "CUDA"):
+    """The kernel an installed route falls back to (None when the op is not routed)."""
+    route = _routes.get((op, dispatch_key))
+    return None if route is None else route.original
+
+
 def _keys_of(families: set[str]) -> set[tuple[str, str]]:
     return {(i.op, i.dispatch_key) for f in families for i in _registry.get(f, ())}
 
@@ -158,7 +164,11 @@ def _rebuild(keys: set[tuple[str, str]]) -> None:
             route.remove()
         impls = tuple(i for f in sorted(_active) for i in _registry[f] if (i.op, i.dispatch_key) == key)
         if impls:
-            _routes[key] = _Route(key[0], key[1], impls)
+            try:
+                _routes[key] = _Route(key[0], key[1], impls)
+            except RuntimeError as exc:  # e.g. a CPU-only torch build has no CUDA kernel for this op
+                _log.debug("%s on %s: not routed (%s)", key[0], key[1], exc)
+                continue
         _log.debug("%s on %s: %s", key[0], key[1], [i.name for i in impls] or "ATen restored")
 
 

@@ -30,6 +30,7 @@ class KernelSpec:
     kernel: Callable[[], Any]          # returns the @triton.jit / @gluon.jit function (imports lazily)
     signature: dict[str, str]          # Triton signature strings: "*bf16", "i32", "fp32", "constexpr", "tensordesc<...>"
     constexprs: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[Any, Any] = field(default_factory=dict)  # specializations, e.g. {(0,): [["tt.divisibility", 16]]}
     num_warps: int = 4
     num_stages: int = 3
     gluon: bool = False
@@ -89,7 +90,7 @@ def compile_one(spec: KernelSpec) -> CompileResult:
             from triton.experimental.gluon._runtime import GluonASTSource as Source
         else:
             from triton.compiler import ASTSource as Source
-        src = Source(fn, spec.signature, constexprs=dict(spec.constexprs))
+        src = Source(fn, spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs) or None)
         options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
         compiled = triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32), options=options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -104,6 +104,9 @@ def run_interpreter_checks(echo=print) -> int:
 def _interpreter_main() -> int:
     import importlib
 
+    from tilefly._interpreter import numpy_compat
+
+    numpy_compat()
     failures = 0
     count = 0
     for name, family in ops.FAMILIES.items():

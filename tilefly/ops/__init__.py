@@ -25,6 +25,9 @@ FAMILIES: dict[str, Family] = {
         Family("rms_norm", "tilefly.ops.rms_norm", "eager",
                "F.rms_norm forward (aten::_fused_rms_norm); backward stays ATen's"),
         Family("topk", "tilefly.ops.topk", "eager", "torch.topk and its out= form"),
+        Family("attention", "tilefly.ops.attention", "eager",
+               "F.scaled_dot_product_attention, FP16/BF16: each fused backend op (cuDNN, flash, efficient; "
+               "forward and backward) served by what the tuning database picks"),
         Family("gemm", "tilefly.ops.gemm", "inductor",
                "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY"),
     )

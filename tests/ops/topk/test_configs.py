@@ -1,0 +1,99 @@
+"""Plan choice (configs.py) on CPU: which kernel serves which shape, and the invariants kernels rely on."""
+import csv
+import math
+
+import pytest
+
+from tilefly.ops.topk import configs
+from tilefly.ops.topk.sweep import CASES_CSV, variants
+
+
+def _suite_cases():
+    with open(CASES_CSV) as f:
+        return [(r["family"], int(r["n"]), int(r["k"])) for r in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("family,N,k", sorted(set(_suite_cases())))
+def test_every_benchmark_case_has_the_intended_kernel(family, N, k):
+    plan = configs.plan(N, k)
+    assert plan is not None
+    assert plan.kind == ("filter" if family == "register" else "radix")
+
+
+SHAPES = [(N, k) for N in (1, 2, 5, 100, 1000, 1024, 2048, 2049, 4097, 8192, 8193, 32768, 100_003, 262144)
+          for k in (1, 2, 7, 8, 16, 17, 64, 257, 1000, 1024, N) if k <= N]
+
+
+@pytest.mark.parametrize("N,k", SHAPES)
+def test_plan_invariants(N, k):
+    plan = configs.plan(N, k)
+    if N <= configs.FULL_MAX_N:
+        assert plan is not None
+    if plan is None:
+        assert k > configs.RADIX_MAX_K
+        return
+    assert plan.K2 >= min(k, 2) and plan.K2 & (plan.K2 - 1) == 0
+    if plan.kind == "full":
+        assert plan.NP >= N and plan.K2 <= plan.NP and plan.ROWS * plan.NP <= max(configs.FULL_TILE, plan.NP)
+    elif plan.kind == "filter":
+        assert k <= configs.FILTER_MAX_K and plan.E * plan.G >= N
+        assert plan.K2 <= plan.G <= N, "every group needs an element; tau needs k group maxima"
+        assert plan.E >= 2
+    else:
+        assert k <= configs.RADIX_MAX_K and plan.K2 <= plan.C <= configs.RADIX_MAX_CAPACITY
+        if plan.whole_row:
+            assert plan.S >= N and plan.r == k and plan.r_max <= plan.C
+        else:
+            assert plan.sample_stride >= 8 and (plan.S // 8 - 1) * plan.sample_stride + 8 <= N
+            assert 1 <= plan.r < plan.r_max <= plan.S
+        assert plan.chunk & (plan.chunk - 1) == 0 and plan.batch_rows() >= 1
+
+
+def test_sample_rank_bounds_are_conservative():
+    # tau = r-th largest of S samples: P(more than r samples in the true top k) and
+    # P(fewer than r samples in the top C) are both <= the miss probability under Poisson bounds
+    N, k, S = 262144, 1024, 16384
+    r, r_max, C = configs._sample_rank_and_capacity(N, k, S)
+    mu = S * k / N
+    assert r > mu + 5 * math.sqrt(mu) and r_max > r
+    assert configs._poisson_sf(r, mu) <= configs.RADIX_MISS_PROBABILITY
+    assert configs._poisson_cdf_below(r_max, C * S / N) <= configs.RADIX_MISS_PROBABILITY * 1.01
+
+
+def test_poisson_helpers_match_closed_forms():
+    assert configs._poisson_sf(0, 3.0) == pytest.approx(1.0)
+    assert configs._poisson_sf(1, 3.0) == pytest.approx(1 - math.exp(-3.0))
+    assert configs._poisson_cdf_below(2, 2.0) == pytest.approx(math.exp(-2.0) * 3.0)
+
+
+def test_filter_slow_rate_falls_with_more_groups():
+    rates = [configs._filter_slow_rate(16, 8192 // G, G) for G in (64, 128, 256, 512)]
+    assert rates == sorted(rates, reverse=True) and rates[-1] < 0.01 < rates[0]
+
+
+def test_bitonic_step_count():
+    assert configs._bitonic_topk_steps(8, 8) == 8 * 3 * 4 // 2
+    assert configs._bitonic_topk_steps(16, 8) == 16 * 6 + 8 * 4
+
+
+def test_forced_radix_plan_keeps_statistics_consistent():
+    plan = configs.radix_plan(32768, 833, 4096)
+    assert plan.S == 4096 and plan.r > 833 * 4096 / 32768
+    assert configs.radix_plan(32768, 833, 64) is None  # capacity would not fit
+
+
+@pytest.mark.parametrize("N,k", [(1024, 8), (8192, 16), (32768, 833), (1000, 1000)])
+def test_sweep_variants_start_with_the_default_and_keep_invariants(N, k):
+    plans = variants(N, k)
+    assert plans[0] == configs.plan(N, k) and len(plans) == len(set(plans))
+    for p in plans:
+        if p.kind == "filter":
+            assert p.E * p.G == plans[0].E * plans[0].G and p.K2 <= p.G <= N
+
+
+def test_compile_specs_are_few_and_named_uniquely():
+    specs = configs.compile_specs()
+    names = [s.name for s in specs]
+    assert 10 <= len(specs) <= 25 and len(set(names)) == len(names)
+    assert {n.split("[")[0] for n in names} == {"topk.filter", "topk.full", "topk.radix_threshold",
+                                                 "topk.radix_filter", "topk.radix_select"}

@@ -1,0 +1,194 @@
+"""Routing of SDPA's fused backend ops: whichever op PyTorch's selection reaches, the tuning
+database says which implementation serves it.
+
+SDPA picks its backend in C++ (a dispatch stub, not an op), so tilefly overrides the
+backend ops themselves, forward and backward, on the CUDA key:
+``_scaled_dot_product_{cudnn,flash,efficient}_attention[_backward]``. Each op gets two
+implementations, tried in order:
+
+    tilefly_fa     tilefly's own kernel, where the database says it wins (a slot until it lands)
+    sdpa_reroute   another stock backend, where the database says it beats this op's kernel
+
+and otherwise the op's own kernel runs, as without tilefly. Forward and backward are
+decided separately; they stay consistent because every implementation's backward takes
+any implementation's saved output and log-sum-exp (backends.py), and outputs are laid
+out as the op's meta kernel promises (formats.py).
+
+Eligibility (first failing row gives the reason; all keep the op's own kernel):
+
+    | condition                                   | reason                                  |
+    |---------------------------------------------|-----------------------------------------|
+    | attn_bias given (any mask but is_causal)    | attention mask given                    |
+    | dropout_p > 0                               | dropout                                 |
+    | return_debug_mask                           | debug attention mask requested          |
+    | dtype not FP16/BF16 (FP32 stays ATen's)     | dtype                                   |
+    | not on an sm_90 GPU                         | _device.hopper_reason                   |
+    | nested or not 4-D; head dims of q, k, v     | layout                                  |
+    |   differ; GQA inputs on the efficient op    |                                         |
+    | no database, untuned workload, or the op's  | the database's answer                   |
+    |   own kernel is fastest                     |                                         |
+    | every faster implementation refuses         | each one's reason (backends.py)         |
+
+The two predicates of one call share one decision: ``tilefly_fa``'s predicate (always
+first for an op) computes it, the later predicate and the serving function of the same
+call reuse it from a thread-local slot. Inside these overrides autograd is off: backward
+is computed by backward kernels, never by torch.autograd.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from tilefly import _device
+from tilefly._dispatch import Impl
+from tilefly.ops.attention import backends, database, formats
+from tilefly.ops.attention.database import Decision
+
+FAMILY = "attention"
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+REROUTE = "sdpa_reroute"
+_ABSENT = 1 << 30   # position of an argument this op does not have: never < len(args)
+
+_tls = threading.local()
+
+
+class BackendOp:
+    """The routing of one backend op (``backend`` "cudnn"/"flash"/"efficient", ``direction``
+    "fwd"/"bwd") on one dispatch key."""
+
+    def __init__(self, backend: str, direction: str, dispatch_key: str = "CUDA"):
+        self.backend = backend
+        self.direction = direction
+        self.dispatch_key = dispatch_key
+        stock = backends.stock(backend, dispatch_key)
+        self.spec = stock.fwd if direction == "fwd" else stock.bwd
+        self.op = self.spec.op
+        self._qkv = 0 if direction == "fwd" else 1   # position of query among the op's arguments
+        pos = self.spec.positions
+        self._pos = tuple(pos.get(n, _ABSENT) for n in ("attn_bias", "dropout_p", "return_debug_mask", "is_causal"))
+
+    # ---- decision ------------------------------------------------------------------------------
+
+    def decide(self, args: tuple, kwargs: dict) -> Decision:
+        # Runs on every call of the op: positional reads, no helper calls until the database.
+        i, n = self._qkv, len(args)
+        q, k, v = args[i], args[i + 1], args[i + 2]
+        bias_i, dropout_i, debug_i, causal_i = self._pos
+        if (args[bias_i] if bias_i < n else kwargs.get("attn_bias")) is not None:
+            return _MASK
+        if (args[dropout_i] if dropout_i < n else kwargs.get("dropout_p", 0.0)) > 0.0:
+            return _DROPOUT
+        if args[debug_i] if debug_i < n else kwargs.get("return_debug_mask", False):
+            return _DEBUG
+        dtype = DTYPE_NAMES.get(q.dtype)
+        if dtype is None:
+            return _keep(f"dtype {q.dtype}: tilefly routes FP16/BF16 attention only")
+        reason = _device.hopper_reason(q)
+        if reason:
+            return _keep(reason)
+        if q.is_nested or q.dim() != 4:
+            return _keep("nested or non-4-D inputs")
+        _, hq, sq, d = q.shape
+        _, hk, sk, dk = k.shape
+        if dk != d or v.shape[-1] != d:
+            return _keep(f"head dims differ (q {d}, k {dk}, v {v.shape[-1]})")
+        gqa = hq != hk
+        if gqa and self.backend == "efficient":
+            return _GQA_EFFICIENT
+        causal = bool(args[causal_i] if causal_i < n else kwargs.get("is_causal", False))
+        device = q.get_device()
+        plan = database.plan(self.backend, self.direction, dtype, d, causal, gqa, sq, sk,
+                             device if device >= 0 else None)
+        if not plan.candidates:
+            return plan.keep
+        refusals = []
+        for name, cfg in plan.candidates:
+            impl = backends.implementation(name, self.dispatch_key)
+            why = impl.unsupported(q, k, v, causal, self.direction)
+            if why is None and cfg is not None and cfg not in impl.configs():
+                why = f"config {cfg!r} is not among the kernels' configs (rebuild the database)"
+            if why is None:
+                return Decision(name, cfg, None)
+            refusals.append(f"{database.impl_id(name, cfg)}: {why}")
+        return _keep("; ".join([plan.reason] + refusals))
+
+    def _decision(self, args: tuple, kwargs: dict, fresh: bool) -> Decision:
+        ident = (self, id(args[self._qkv]), id(args[self._qkv + 1]))
+        slot = getattr(_tls, "slot", None)
+        if fresh or slot is None or slot[0] != ident:
+            slot = _tls.slot = (ident, self.decide(args, kwargs))
+        return slot[1]
+
+    # ---- the two router implementations ---------------------------------------------------------
+
+    def tilefly_predicate(self, *args, **kwargs) -> str | None:
+        decision = self._decision(args, kwargs, fresh=True)
+        if decision.impl == backends.TileflyFA.name:
+            return None
+        return backends.TILEFLY_FA.unavailable() or decision.reason or f"database picks {decision.impl}"
+
+    def reroute_predicate(self, *args, **kwargs) -> str | None:
+        decision = self._decision(args, kwargs, fresh=False)
+        if decision.impl in backends.STOCK_NAMES and decision.impl != self.backend:
+            return None
+        return decision.reason or f"database picks {decision.impl}"
+
+    def serve(self, *args, **kwargs):
+        decision = self._decision(args, kwargs, fresh=False)
+        impl = backends.implementation(decision.impl, self.dispatch_key)
+        if self.direction == "fwd":
+            return self.serve_forward(impl, decision.config, args, kwargs)
+        return self.serve_backward(impl, decision.config, args, kwargs)
+
+    # ---- serving with a given implementation (the tuner times these directly) ------------------
+
+    def serve_forward(self, impl, config: str | None, args: tuple, kwargs: dict) -> tuple:
+        spec = self.spec
+        q, k, v = args[0], args[1], args[2]
+        causal = bool(spec.arg(args, kwargs, "is_causal", False))
+        scale = spec.arg(args, kwargs, "scale")
+        need_lse = bool(spec.arg(args, kwargs, "compute_log_sumexp", True))  # flash always returns it
+        out, lse = impl.forward(q, k, v, causal, scale, need_lse, config)
+        slots = spec.template(args, kwargs)
+        device = q.device
+        return (formats.conform(out, slots[0]),
+                formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], device),
+                *(formats.fill(s, device) for s in slots[2:]))
+
+    def serve_backward(self, impl, config: str | None, args: tuple, kwargs: dict) -> tuple:
+        spec = self.spec
+        grad_out, q, k, v = args[0], args[1], args[2], args[3]
+        causal = bool(spec.arg(args, kwargs, "is_causal", False))
+        scale = spec.arg(args, kwargs, "scale")
+        out = spec.arg(args, kwargs, "out")
+        lse = formats.lse_canonical(spec.arg(args, kwargs, "logsumexp"), q.shape[2])
+        dq, dk, dv = impl.backward(grad_out, q, k, v, out, lse, causal, scale, config)
+        slots = spec.template(args, kwargs)
+        device = q.device
+        return (formats.conform(dq, slots[0]), formats.conform(dk, slots[1]), formats.conform(dv, slots[2]),
+                *(formats.fill(s, device) for s in slots[3:]))
+
+
+def _keep(reason: str) -> Decision:
+    return Decision(None, None, reason)
+
+
+_MASK = _keep("attention mask given (attn_bias): the op's own kernel keeps it")
+_DROPOUT = _keep("dropout_p > 0: the op's own kernel keeps it")
+_DEBUG = _keep("debug attention mask requested")
+_GQA_EFFICIENT = _keep("grouped-query inputs on the efficient op are not rerouted")
+
+
+def backend_ops(dispatch_key: str = "CUDA") -> list[BackendOp]:
+    return [BackendOp(b, d, dispatch_key) for b in backends.STOCK_NAMES for d in ("fwd", "bwd")]
+
+
+def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
+    """The router entries: per backend op, tilefly_fa first (it computes the shared decision)."""
+    out = []
+    for route in backend_ops(dispatch_key):
+        out.append(Impl(family, route.op, backends.TileflyFA.name, route.tilefly_predicate, route.serve,
+                        dispatch_key))
+        out.append(Impl(family, route.op, REROUTE, route.reroute_predicate, route.serve, dispatch_key))
+    return out

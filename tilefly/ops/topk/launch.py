@@ -1,0 +1,125 @@
+"""Launch the top-k kernels on a [rows, N] view: plan -> grid -> compiled kernel.
+
+Launch cost: Triton's ``kernel[grid](...)`` binds and specializes every argument
+on each call (several microseconds of Python). ``_Kernel`` does that once per
+specialization: the first call goes through Triton (compiling if needed) and
+keeps the ``CompiledKernel``; later calls with the same specialization key
+call its C launcher directly. The key is at least as fine as Triton's own
+(dtype and 16-byte alignment of each pointer; for each int whether it is 1,
+a multiple of 16, and 32-bit), so a cached kernel never runs on arguments it
+was not specialized for. Under TRITON_INTERPRET=1 every call goes through Triton.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from tilefly.ops.topk import configs
+
+_KERNEL_MODULES = {"small": "tilefly.ops.topk.kernels_small", "radix": "tilefly.ops.topk.kernels_radix"}
+
+
+class _Kernel:
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+        self.fn = None
+        self.compiled: dict[tuple, object] = {}
+
+    def __call__(self, grid: tuple[int, ...], args: tuple, constexprs: dict, num_warps: int) -> None:
+        if self.fn is None:
+            self.fn = getattr(importlib.import_module(_KERNEL_MODULES[self.module]), self.name)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if device.type != "cuda":  # the interpreter: CPU tensors
+            self.fn[grid](*args, **constexprs, num_warps=num_warps)
+            return
+        key = (device.index, num_warps, tuple(constexprs.values()), tuple(_spec(a) for a in args))
+        kernel = self.compiled.get(key)
+        if kernel is None:
+            kernel = self.fn[grid](*args, **constexprs, num_warps=num_warps)
+            self.compiled[key] = kernel
+            return
+        from triton import knobs
+
+        enter = knobs.runtime.launch_enter_hook
+        full = (*args, *constexprs.values())
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        meta = kernel.launch_metadata(grid, stream, *full) if enter is not None else None
+        g1 = grid[1] if len(grid) > 1 else 1
+        kernel.run(grid[0], g1, 1, stream, kernel.function, kernel.packed_metadata, meta, enter,
+                   knobs.runtime.launch_exit_hook, *full)
+
+
+def _spec(arg) -> tuple:
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool):
+        return (bool, arg)
+    if isinstance(arg, int):
+        return (arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
+    return (type(arg),)
+
+
+_full = _Kernel("small", "topk_full_kernel")
+_filter = _Kernel("small", "topk_filter_kernel")
+_radix_threshold = _Kernel("radix", "threshold_kernel")
+_radix_filter = _Kernel("radix", "filter_kernel")
+_radix_select = _Kernel("radix", "select_kernel")
+
+
+def topk_rows(x: torch.Tensor, k: int, largest: bool, values: torch.Tensor, indices: torch.Tensor,
+              plan: configs.Plan | None = None) -> None:
+    """Top-k of each row of ``x`` ([rows, N], unit column stride) into contiguous [rows, k] outputs."""
+    rows, N = x.shape
+    plan = plan or configs.plan(N, k)
+    if plan is None:
+        raise ValueError(f"no top-k kernel serves N={N}, k={k}")
+    stride = x.stride(0)
+    largest = bool(largest)
+    if plan.kind == "full":
+        _full((_cdiv(rows, plan.ROWS),), (x, values, indices, rows, N, stride, k),
+              dict(LARGEST=largest, ROWS=plan.ROWS, NP=plan.NP, K2=plan.K2), plan.num_warps)
+    elif plan.kind == "filter":
+        _filter((rows,), (x, values, indices, N, stride, k),
+                dict(LARGEST=largest, E=plan.E, G=plan.G, K2=plan.K2), plan.num_warps)
+    else:
+        _radix(x, k, largest, values, indices, plan)
+
+
+def _radix(x, k, largest, values, indices, plan: configs.RadixPlan) -> None:
+    rows, N = x.shape
+    batch = min(rows, plan.batch_rows())
+    scratch = _scratch((batch * (plan.C + 1),), torch.int64, x.device)  # one allocation for all three
+    cand = scratch[:batch * plan.C]
+    tau, count = scratch[batch * plan.C:].view(torch.int32).split(batch)
+    chunks = _cdiv(N, plan.chunk)
+    for start in range(0, rows, batch):
+        n = min(batch, rows - start)
+        xb, vb, ib = x[start:start + n], values[start:start + n], indices[start:start + n]
+        stride = xb.stride(0)
+        _radix_threshold((n,), (xb, tau, count, N, stride, plan.r, plan.r_max, plan.sample_stride),
+                         dict(LARGEST=largest, S=plan.S, WHOLE_ROW=plan.whole_row), plan.threshold_warps)
+        _radix_filter((n * chunks,), (xb, tau, count, cand, N, stride, chunks),
+                      dict(LARGEST=largest, CHUNK=plan.chunk, C=plan.C), plan.filter_warps)
+        _radix_select((n,), (xb, count, cand, vb, ib, N, stride, k),
+                      dict(LARGEST=largest, C=plan.C, K2=plan.K2, BLOCK=plan.fallback_block), plan.select_warps)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _scratch(shape, dtype, device) -> torch.Tensor:
+    """Uninitialized memory even under torch.use_deterministic_algorithms (every word read is
+    written first), so determinism mode adds no fill kernels."""
+    if torch._C._get_deterministic_fill_uninitialized_memory() and torch.are_deterministic_algorithms_enabled():
+        torch._C._set_deterministic_fill_uninitialized_memory(False)
+        try:
+            return torch.empty(shape, dtype=dtype, device=device)
+        finally:
+            torch._C._set_deterministic_fill_uninitialized_memory(True)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def empty_outputs(shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return _scratch(shape, dtype, device), _scratch(shape, torch.int64, device)
