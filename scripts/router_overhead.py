@@ -4,8 +4,10 @@ A stand-in family routes ``aten::topk`` on the given dispatch key: its served
 implementation calls ATen's captured kernel directly, so 'served' minus 'ATen'
 is the router's own cost (predicate + handler + one extra Python frame), and
 'fallback' minus 'ATen' is what an ineligible call pays. Each figure is the
-median of several batches of back-to-back calls on a tiny input, host clock,
-device synchronized at the end of each batch.
+median over batches of back-to-back calls on a tiny input, timed on the host
+clock only: the device is synchronized before each batch and after the clock
+stops, and batches are short enough (200 calls) that the launch queue never
+fills, so device time stays out of the figure.
 
     python scripts/router_overhead.py [--device cuda|cpu] [--json FILE]
 """
@@ -22,20 +24,20 @@ from tilefly import _dispatch
 
 
 def _per_call_us(fn, calls: int, batches: int, sync) -> float:
-    for _ in range(calls // 10):
+    for _ in range(calls):
         fn()
-    sync()
     samples = []
     for _ in range(batches):
+        sync()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        sync()
         samples.append((time.perf_counter() - start) / calls * 1e6)
+    sync()
     return statistics.median(samples)
 
 
-def measure(device: str, calls: int = 5000, batches: int = 7) -> dict[str, float]:
+def measure(device: str, calls: int = 200, batches: int = 51) -> dict[str, float]:
     key = "CUDA" if device == "cuda" else "CPU"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     original = torch.library.get_kernel("aten::topk", key)

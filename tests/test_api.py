@@ -56,3 +56,14 @@ def test_import_does_not_import_triton_kernels():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_enable_without_ops_installs_the_default_families_only():
+    from tilefly import ops
+
+    enabled = tilefly.enable()
+    assert set(enabled) == {n for n in ops.defaults() if ops.FAMILIES[n].reached_by == "eager"} | \
+        ({"gemm"} & set(enabled))
+    assert "attention" not in enabled, "attention is opt-in until a tuning database ships"
+    tilefly.enable(["attention"])
+    assert "attention" in tilefly.enabled_ops()

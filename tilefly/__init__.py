@@ -31,7 +31,7 @@ def _families(ops_arg: Iterable[str] | str | None) -> list[str]:
     if isinstance(ops_arg, str):
         ops_arg = [ops_arg]
     if ops_arg is None:
-        ops_arg = config.ops or tuple(_ops.FAMILIES)
+        ops_arg = config.ops or _ops.defaults()
     names = list(ops_arg)
     unknown = [n for n in names if n not in _ops.FAMILIES]
     if unknown:
@@ -40,7 +40,7 @@ def _families(ops_arg: Iterable[str] | str | None) -> list[str]:
 
 
 def enable(ops: Iterable[str] | str | None = None) -> tuple[str, ...]:
-    """Route the given op families (default: ``config.ops`` or all) through tilefly.
+    """Route the given op families (default: ``config.ops``, else every default family) through tilefly.
 
     Idempotent; returns the families now enabled. With ``TILEFLY_DISABLE=1``
     nothing is installed and an empty tuple comes back.

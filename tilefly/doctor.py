@@ -61,6 +61,8 @@ def _family_status(name: str) -> str:
         return f"broken: {type(exc).__name__}: {exc}"
     how = "tilefly.enable()" if family.reached_by == "eager" else \
         "torch.compile(mode='max-autotune') with TILEFLY in max_autotune_gemm_backends"
+    if not family.default:
+        how = f"tilefly.enable([{name!r}]) (opt-in)"
     return f"ready, reached through {how}"
 
 

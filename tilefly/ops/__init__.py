@@ -17,6 +17,7 @@ class Family:
     module: str
     reached_by: str  # "eager" (dispatch router) or "inductor" (max-autotune candidates)
     summary: str
+    default: bool = True  # installed by enable() without ops=; False until the family pays for itself
 
 
 FAMILIES: dict[str, Family] = {
@@ -27,11 +28,18 @@ FAMILIES: dict[str, Family] = {
         Family("topk", "tilefly.ops.topk", "eager", "torch.topk and its out= form"),
         Family("attention", "tilefly.ops.attention", "eager",
                "F.scaled_dot_product_attention, FP16/BF16: each fused backend op (cuDNN, flash, efficient; "
-               "forward and backward) served by what the tuning database picks"),
+               "forward and backward) served by what the tuning database picks",
+               # No H200 database ships yet: routing would only add host cost. Opt in with
+               # enable(["attention"]) and a database from `python -m tilefly tune attention`.
+               default=False),
         Family("gemm", "tilefly.ops.gemm", "inductor",
                "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY"),
     )
 }
+
+
+def defaults() -> tuple[str, ...]:
+    return tuple(name for name, family in FAMILIES.items() if family.default)
 
 
 def load(name: str) -> Family:

@@ -1,0 +1,73 @@
+"""The bench CLI on a machine without a Hopper GPU, and its argument handling."""
+import pytest
+
+from tilefly import doctor
+from tilefly.bench import cli
+
+
+@pytest.fixture
+def no_hopper(monkeypatch):
+    monkeypatch.setattr(cli, "hopper_missing", lambda: "this machine has no CUDA GPU")
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_cpu_machine_runs_selfcheck_and_returns_its_status(monkeypatch, capsys, no_hopper, status):
+    calls = []
+    monkeypatch.setattr(doctor, "selfcheck", lambda: calls.append(1) or status)
+    assert cli.main([]) == status
+    out = capsys.readouterr().out
+    assert calls == [1]
+    assert "need an NVIDIA Hopper GPU" in out and "no CUDA GPU" in out
+    assert "torch" in out and "gpu" in out  # the environment is printed
+
+
+def test_cpu_machine_with_suite_arguments_does_not_crash(monkeypatch, capsys, no_hopper):
+    monkeypatch.setattr(doctor, "selfcheck", lambda: 0)
+    assert cli.main(["--suite", "dense_gemm", "--cases", "8x4096", "--rep", "3"]) == 0
+    assert "need an NVIDIA Hopper GPU" in capsys.readouterr().out
+
+
+def test_selfcheck_crash_is_reported_not_raised(monkeypatch, capsys, no_hopper):
+    def broken():
+        raise ModuleNotFoundError("No module named 'tilefly.ops.x'")
+
+    monkeypatch.setattr(doctor, "selfcheck", broken)
+    assert cli.main([]) == 1
+    assert "self-check could not run" in capsys.readouterr().out
+
+
+def test_real_machine_check_matches_torch():
+    import torch
+
+    reason = cli.hopper_missing()
+    has_hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    assert (reason is None) == has_hopper
+
+
+def test_list(capsys):
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("rmsnorm", "rmsnorm_llm", "topk", "dense_gemm", "grouped_gemm", "mxfp_gemm", "attention"):
+        assert f"\n{name}: " in "\n" + out
+    assert "*  9  4096x4096x4096" in out  # a quick dense case, marked
+
+
+def test_argument_errors():
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--suite", "nope"])
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--rep", "0"])
+
+
+def test_suite_selection():
+    assert cli.selected_suites(None) == list(cli.suites.NAMES)
+    assert cli.selected_suites(["all"]) == list(cli.suites.NAMES)
+    assert cli.selected_suites(["topk", "rmsnorm", "topk"]) == ["topk", "rmsnorm"]
+
+
+def test_python_m_entry_point(monkeypatch, capsys, no_hopper):
+    from tilefly.__main__ import main
+
+    monkeypatch.setattr(doctor, "selfcheck", lambda: 0)
+    assert main(["bench", "--quick"]) == 0
+    assert "need an NVIDIA Hopper GPU" in capsys.readouterr().out

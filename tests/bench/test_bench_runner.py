@@ -1,0 +1,194 @@
+"""The runner's bookkeeping, and each suite's inputs and eager providers dry-run on CPU
+(timing faked: CUDA events need a GPU; the GPU smoke test times for real)."""
+import contextlib
+
+import pytest
+import torch
+
+from tilefly.bench import runner, timing
+from tilefly.bench.cases import Case
+from tilefly.bench.results import Comparison
+from tilefly.bench.runner import CaseBench, Derived, Plan, Provider
+from tilefly.bench.suites import _common, attention, dense_gemm, grouped_gemm, mxfp_gemm, rmsnorm, topk
+
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """measure() calls fn twice and reports 10 µs per call times the provider's position."""
+    calls = []
+
+    def measure(fn, policy=timing.FULL, device=None):
+        fn()
+        fn()
+        calls.append(fn)
+        us = 10.0 * len(calls)
+        return timing.Timing(us, us * 0.9, us * 1.1, 2)
+
+    monkeypatch.setattr(timing, "measure", measure)
+    return calls
+
+
+@pytest.fixture
+def on_cpu(monkeypatch, fake_timing):
+    monkeypatch.setattr(_common, "DEVICE", "cpu")
+
+
+def _raise(message):
+    raise RuntimeError(message)
+
+
+def test_run_case_bookkeeping(fake_timing):
+    seen = []
+
+    @contextlib.contextmanager
+    def context():
+        seen.append("in")
+        yield
+        seen.append("out")
+
+    bench = CaseBench(
+        providers=[Provider("a", lambda: lambda: torch.ones(2), context=context, inspect=lambda: "picked X"),
+                   Provider("b", lambda: lambda: _raise("refused\nsecond line"), error_label="n/a"),
+                   Provider("c", None, note="n/a: not built"),
+                   Provider("d", lambda: lambda: torch.zeros(1), note="config k64")],
+        metrics=lambda name, us: {"TFLOP/s": 100.0 / us},
+        derived=[Derived("best(a,d)", ("a", "d")), Derived("best(b,c)", ("b", "c"))])
+    plan = Plan(lambda case: bench, [Comparison("d/a", "d", "a")], ["TFLOP/s"])
+    result = runner.run_case(Case(3, "x", {"m": 1}), plan, timing.FULL)
+    p = result.providers
+    assert seen == ["in", "out"]
+    assert (p["a"].median_us, p["a"].p20_us, p["a"].p80_us, p["a"].reps) == (10.0, 9.0, 11.0, 2)
+    assert p["a"].note == "picked X" and p["a"].served is None
+    assert p["b"].median_us is None and p["b"].note == "n/a: refused"
+    assert p["c"].median_us is None and p["c"].note == "n/a: not built"
+    assert p["d"].median_us == 20.0 and p["d"].note == "config k64"
+    assert p["best(a,d)"].median_us == 10.0 and p["best(a,d)"].note == "= a"
+    assert p["best(b,c)"].median_us is None
+    assert result.metrics["TFLOP/s"] == {"a": 10.0, "d": 5.0, "best(a,d)": 10.0}
+    assert result.index == 3 and result.case == {"m": 1}
+
+
+def test_case_setup_failure_is_recorded(fake_timing):
+    plan = Plan(lambda case: _raise("out of memory"), [], [])
+    result = runner.run_case(Case(0, "x", {}), plan, timing.FULL)
+    assert result.providers["setup"].note == "error: RuntimeError: out of memory"
+
+
+def test_reps_policy():
+    assert timing.FULL.reps_for(1000.0) == 200                   # 200 ms of 1 ms calls
+    assert timing.FULL.reps_for(10_000.0) == timing.FULL.min_reps
+    assert timing.FULL.reps_for(0.5) == timing.FULL.max_reps
+    assert timing.Policy(fixed_reps=7).reps_for(1.0) == 7
+    assert "L2 flushed" in timing.FULL.describe()
+
+
+def test_rmsnorm_dry_run(on_cpu):
+    case = Case(0, "t", {"dtype": "fp16", "m": 4, "n": 33})
+    result = runner.run_case(case, rmsnorm.plan(), timing.FULL)
+    assert result.providers["aten"].median_us == 10.0
+    assert result.metrics["GB/s"]["aten"] == pytest.approx((2 * 4 * 33 + 33) * 2 / 10.0 / 1e3)
+    if "tilefly" in result.providers:  # the family exists: on CPU it cannot serve, and says so
+        assert result.providers["tilefly"].served is False
+        assert result.providers["tilefly"].note.startswith("fallback: ")
+
+
+def test_topk_modes_restore_determinism(on_cpu):
+    assert not torch.are_deterministic_algorithms_enabled()
+    seen = []
+    with topk.deterministic(True):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+    assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
+    result = runner.run_case(Case(0, "t", {"family": "register", "m": 8, "n": 100, "k": 4}), topk.plan(), timing.FULL)
+    assert {"aten:nondet", "aten:det"} <= set(result.providers)
+    assert all(p.median_us for p in result.providers.values())
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_dense_inputs_and_aten(on_cpu):
+    bench = dense_gemm.plan().bench(Case(0, "t", {"m": 8, "n": 16, "k": 32}))
+    providers = {p.name: p for p in bench.providers}
+    assert {"aten", "triton"} <= set(providers)
+    out = providers["aten"].build()()
+    assert out.shape == (8, 16) and out.dtype == torch.bfloat16
+    assert bench.metrics("aten", 1.0) == {"TFLOP/s": 2 * 8 * 16 * 32 / 1e6, "B TB/s": 16 * 32 * 2 / 1e6}
+    assert "B TB/s" not in dense_gemm.gemm_metrics(512, 16, 32)("aten", 1.0)
+
+
+def test_grouped_inputs(on_cpu):
+    case = Case(0, "t", {"suite": "ragged_m", "case": "[3,0,5]"})
+    bench = grouped_gemm.plan().bench(case)
+    aten = next(p for p in bench.providers if p.name == "aten").build()
+    a, b, offs = _closure_tensors(aten)
+    assert a.shape == (8, 4096) and b.shape == (3, 4096, 4096)
+    assert b.stride() == (4096 * 4096, 1, 4096), "B must be column-major per group"
+    assert offs.dtype == torch.int32 and offs.tolist() == [3, 3, 8]
+    assert bench.metrics("aten", 1.0)["TFLOP/s"] == pytest.approx(2 * 8 * 4096 * 4096 / 1e6)
+
+
+def _closure_tensors(fn):
+    import inspect
+
+    cells = inspect.getclosurevars(fn).nonlocals
+    return cells["a"], cells["b"], cells["offs"]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
+def test_mxfp_dequant_baseline_matches_reference(on_cpu, fmt):
+    bench = mxfp_gemm.plan().bench(Case(0, "t", {"format": fmt, "m": 4, "n": 8, "k": 64}))
+    providers = {p.name: p for p in bench.providers}
+    assert {"dequant_mm_eager", "dequant_mm_compiled", "bf16_mm"} <= set(providers)
+    got = providers["dequant_mm_eager"].build()().float()
+    bf16 = providers["bf16_mm"].build()().float()
+    assert got.shape == bf16.shape == (4, 8)
+    assert not torch.equal(got, bf16)  # quantization changed something
+    assert torch.allclose(got, bf16, atol=0.6 * 8 if fmt == "mxfp4" else 1.0, rtol=0.3)
+    metrics = bench.metrics("dequant_mm_eager", 1.0)
+    data_bytes = 8 * 64 if fmt == "mxfp8" else 8 * 32
+    assert metrics["W TB/s"] == pytest.approx((data_bytes + 8 * 2) / 1e6)
+    assert bench.metrics("bf16_mm", 1.0)["W TB/s"] == pytest.approx(8 * 64 * 2 / 1e6)
+
+
+def test_attention_on_cpu_default_runs_and_cudnn_is_na(on_cpu):
+    case = Case(0, "t", {"batch": 1, "heads": 2, "seqlen": 16, "head_dim": 8, "causal": True})
+    result = runner.run_case(case, attention.plan(), timing.FULL)
+    p = result.providers
+    assert p["default:fwd"].median_us and p["default:fwd+bwd"].median_us
+    assert p["cudnn:fwd"].median_us is None and p["cudnn:fwd"].note.startswith("n/a: ")
+    flops = 4 * 1 * 2 * 16 * 16 * 8 / 2
+    assert result.metrics["TFLOP/s"]["default:fwd"] == pytest.approx(flops / p["default:fwd"].median_us / 1e6)
+    assert result.metrics["TFLOP/s"]["default:fwd+bwd"] == \
+        pytest.approx(3.5 * flops / p["default:fwd+bwd"].median_us / 1e6)
+
+
+def test_attention_refusal_reason_is_pytorchs():
+    import warnings
+
+    def refused():
+        for text in ("Flash attention kernel not used because: (Triggered internally at /x/sdp_utils.cpp:988.)",
+                     "Memory Efficient attention has been runtime disabled. (Triggered internally at /x.h:552.)",
+                     "head_dim should be no more than 256 (Triggered internally at /x/sdp_utils.cpp:522.)"):
+            warnings.warn(text)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    with pytest.raises(RuntimeError, match=r"^head_dim should be no more than 256$"):
+        attention.check_refusal(refused)
+    with pytest.raises(RuntimeError, match="No available kernel"):
+        attention.check_refusal(lambda: _raise("No available kernel. Aborting execution."))
+    ok = lambda: 1  # noqa: E731
+    assert attention.check_refusal(ok) is ok
+
+
+def test_progress_without_tqdm(monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name == "tqdm":
+            raise ImportError("no tqdm here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    cases = [Case(0, "a", {}), Case(1, "b", {})]
+    assert list(runner.progress(cases, "suite")) == cases
+    assert capsys.readouterr().err.splitlines() == ["[suite] 1/2 a", "[suite] 2/2 b"]

@@ -1,0 +1,128 @@
+"""Steady-state GPU timing of one call, in microseconds.
+
+How a provider is timed (``measure``):
+
+1. Warm-up: a few untimed calls. The first call of a compiled provider runs
+   Dynamo, Inductor and its max-autotune search, and a tilefly kernel compiles
+   and picks its config on first use; all of that stays out of the numbers.
+2. Estimate: a handful of timed calls give the per-call time, from which the
+   number of repetitions follows: at least ``min_reps`` and enough for about
+   ``target_ms`` of measured GPU time, at most ``max_reps`` (``--rep N`` fixes it).
+3. Each repetition: flush L2 by writing a 256 MiB buffer, record a CUDA event,
+   call the op, record a second event. All repetitions are queued, then one
+   synchronize; per-call time = elapsed time between the two events.
+4. Report the median and the 20th/80th percentiles over the repetitions.
+
+Pitfalls, for whoever reads or changes these numbers:
+
+- **L2 state.** H200's L2 holds 50 MB, so an op whose inputs fit there runs
+  from L2 when called back to back and looks faster than it ever is inside a
+  model. Every repetition starts with a cold L2: the flush writes 256 MiB
+  (>5x L2), which also evicts dirty lines of the previous output. Inductor's own
+  autotuning benchmark does not flush, so its pick can differ from ours. The
+  flush leaves L2 full of dirty lines, so the op's first misses also pay their
+  write-back: a few µs that tiny ops (a 1 x 4096 RMSNorm measures ~10 µs on the
+  H200) carry for every provider alike.
+- **Launch overhead of tiny ops.** Events time the GPU, not the host. The
+  flush kernel (~60 µs at ~4 TB/s) is queued before the start event, so the host
+  normally has the op launched before the GPU reaches it and launch cost stays
+  hidden, as it would in a busy model. If an op's host path (Python dispatch,
+  guards of a compiled function, a router predicate) costs more than the flush,
+  the GPU idles between the events and that gap is counted: a tiny op's time
+  then includes host overhead. Reps are queued without syncing, so a long queue
+  can also fill the launch queue and stall the host: harmless for the numbers.
+- **Clocks are not touched.** We do not lock GPU or memory clocks (that needs
+  root and changes the machine for others). Boost clocks drift with power and
+  temperature, so compare providers measured in the same run, side by side, not
+  against numbers from another day; medians and p20/p80 show the spread.
+- **Compilation and autotuning** are excluded by the warm-up; a compiled
+  provider that recompiles during timing (a guard failure) would show up as a
+  huge p80: look at p20/p80 before trusting a median.
+- **Allocation.** Providers allocate their outputs through PyTorch's caching
+  allocator, which is warm after the first call, as in a model.
+- **Determinism mode** (topk suite) makes ``torch.empty`` fill new memory with
+  NaN, an extra kernel charged to ATen and tilefly alike, as a user would see.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from tilefly.bench.results import percentile
+
+FLUSH_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How many repetitions: at least ``min_reps`` and about ``target_ms`` of op time, at most
+    ``max_reps``; ``fixed_reps`` overrides all of that (``--rep N``)."""
+
+    warmup_calls: int = 3
+    min_reps: int = 50
+    target_ms: float = 200.0
+    max_reps: int = 1000
+    fixed_reps: int | None = None
+
+    def reps_for(self, estimate_us: float) -> int:
+        if self.fixed_reps is not None:
+            return max(1, self.fixed_reps)
+        wanted = math.ceil(self.target_ms * 1000.0 / max(estimate_us, 1e-3))
+        return int(min(self.max_reps, max(self.min_reps, wanted)))
+
+    def describe(self) -> str:
+        reps = f"{self.fixed_reps} reps" if self.fixed_reps is not None else \
+            f"max({self.min_reps} reps, ~{self.target_ms:g} ms of op time), at most {self.max_reps} reps"
+        return (f"median of {reps}; CUDA events around each call; L2 flushed ({FLUSH_BYTES >> 20} MiB write) "
+                f"before each; {self.warmup_calls} warm-up calls first (compile and autotuning excluded); "
+                "clocks not locked")
+
+
+FULL = Policy()
+QUICK = Policy(min_reps=20, target_ms=50.0, max_reps=300)
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    reps: int
+
+
+_flush_buffers: dict[torch.device, torch.Tensor] = {}
+
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    buf = _flush_buffers.get(device)
+    if buf is None:
+        buf = _flush_buffers[device] = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
+    return buf
+
+
+def _timed_calls(fn: Callable[[], Any], reps: int, device: torch.device) -> list[float]:
+    flush = _flush_buffer(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+
+
+def measure(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | None = None) -> Timing:
+    """Time ``fn()`` on the current CUDA device as described in the module docstring."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    for _ in range(policy.warmup_calls):
+        fn()
+    torch.cuda.synchronize(device)
+    estimate = _timed_calls(fn, 5, device)
+    reps = policy.reps_for(percentile(estimate, 0.5))
+    times = _timed_calls(fn, reps, device)
+    return Timing(percentile(times, 0.5), percentile(times, 0.2), percentile(times, 0.8), reps)
