@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from typing import Iterable, Iterator
 
 from tilefly import _dispatch, config
@@ -39,30 +40,44 @@ def _families(ops_arg: Iterable[str] | str | None) -> list[str]:
     return names
 
 
+_inductor_families: set[str] = set()  # enabled families reached through Inductor's autotuning
+
+
 def enable(ops: Iterable[str] | str | None = None) -> tuple[str, ...]:
     """Route the given op families (default: ``config.ops``, else every default family) through tilefly.
 
-    Idempotent; returns the families now enabled. With ``TILEFLY_DISABLE=1``
-    nothing is installed and an empty tuple comes back.
+    Eager families get their aten overrides; Inductor families (GEMMs) offer their
+    candidates to ``torch.compile(mode="max-autotune")`` when ``TILEFLY`` is among
+    ``max_autotune_gemm_backends``. Idempotent; returns the families now enabled.
+    With ``TILEFLY_DISABLE=1`` nothing is installed.
     """
     names = _families(ops)
     if config.disable:
         _log.info("tilefly.enable: TILEFLY_DISABLE is set; nothing installed")
         return enabled_ops()
-    for name in names:
-        _ops.load(name)
-    _dispatch.install(names)
+    families = [_ops.load(name) for name in names]
+    _dispatch.install([f.name for f in families if f.reached_by == "eager"])
+    inductor = {f.name for f in families if f.reached_by == "inductor"}
+    if inductor:
+        from tilefly import _inductor
+
+        _inductor.install()
+        _inductor_families.update(inductor)
     return enabled_ops()
 
 
 def disable(ops: Iterable[str] | str | None = None) -> None:
-    """Give the named families (default: all) back to ATen."""
-    _dispatch.uninstall(None if ops is None else _families(ops))
+    """Give the named families (default: all) back to ATen and Inductor's own choices."""
+    names = None if ops is None else _families(ops)
+    _dispatch.uninstall(names)
+    _inductor_families.difference_update(_inductor_families if names is None else names)
+    if not _inductor_families and "tilefly._inductor" in sys.modules:  # never import Inductor just to undo nothing
+        sys.modules["tilefly._inductor"].uninstall()
 
 
 def enabled_ops() -> tuple[str, ...]:
     """The op families currently routed through tilefly."""
-    return _dispatch.installed()
+    return tuple(sorted(set(_dispatch.installed()) | _inductor_families))
 
 
 @contextlib.contextmanager
@@ -74,4 +89,4 @@ def enabled(ops: Iterable[str] | str | None = None) -> Iterator[tuple[str, ...]]
     finally:
         now = set(enabled_ops())
         if now - before:
-            _dispatch.uninstall(now - before)
+            disable(now - before)

@@ -35,7 +35,7 @@ class KernelSpec:
     num_stages: int = 3
     gluon: bool = False
     sass_must_contain: tuple[str, ...] = ()   # e.g. ("HGMMA",)
-    max_local_bytes: int = 0                  # spills allowed to local memory, bytes
+    max_local_bytes: int = 0                  # stack frame + local memory allowed (spills), bytes
 
 
 @dataclass
@@ -110,8 +110,10 @@ def compile_one(spec: KernelSpec) -> CompileResult:
     missing = [s for s in spec.sass_must_contain if s not in sass]
     if missing:
         result.ok, result.error = False, f"SASS lacks {missing}: the kernel is not on the intended path"
-    elif local is not None and local > spec.max_local_bytes:
-        result.ok, result.error = False, f"{local} bytes of local memory (register spills); allowed {spec.max_local_bytes}"
+    elif (local or 0) + (stack or 0) > spec.max_local_bytes:
+        # ptxas puts spilled registers in the stack frame (STACK), LOCAL counts other local arrays
+        result.ok, result.error = False, (f"{stack} bytes of stack frame + {local} of local memory (register "
+                                          f"spills); allowed {spec.max_local_bytes}")
     return result
 
 

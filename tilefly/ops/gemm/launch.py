@@ -1,0 +1,355 @@
+"""Host side of the dense GEMM kernels: orientation, descriptors, grids, launch.
+
+``run(cfg, a, b, out, bias)`` writes ``a @ b (+ bias)`` into ``out`` with config
+``cfg`` or raises ``Unsupported`` (nothing written) when the tensors are not
+what the kernels take; callers fall back to ATen then.
+
+Orientation. The kernels compute ``C[M, N] = L[M, K] @ R[K, N]`` from a TMA
+descriptor per operand. Each operand is read K-major (rows with K contiguous)
+or MN-major (its transpose is row-major); both are the same bytes, so no copy
+is ever made. Two kernels also swap the problem, computing ``C^T = B^T A^T``:
+- ``tile``/``tilews`` write C with a TMA store, so C must be row-major; a
+  column-major C is served by swapping;
+- ``splitk`` puts the larger of M and N in the wgmma M slot (64/128 rows per
+  tile) and the smaller in the N slot (8..256), so decode GEMMs stream the
+  weight matrix with full-width instructions.
+A bias vector along N becomes a vector along M under a swap.
+
+Launch cost. Inductor times candidates with events around each call after an
+L2 flush of ~15 us, so a host path slower than that shows up as GPU time. The
+first call for a (config, tensors) signature decides everything in Python and
+launches through Triton's JIT; it leaves a ``_Plan`` (the compiled kernel and
+its arguments, tensors as bare addresses) that later calls with the same
+addresses, shapes and strides replay directly. Split-K partials and tickets
+live in one grow-only pair of buffers per (device, stream); nothing syncs.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton import knobs
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.driver import driver
+
+from tilefly import _device
+from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of
+from tilefly.ops.gemm.eligibility import TMA_ALIGN, MatrixFacts, bias_mode, facts_from_tensor, row_major_ok
+
+
+class Unsupported(ValueError):
+    """The tensors are not something this kernel config serves (nothing was written)."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _row_ok(t: torch.Tensor) -> bool:
+    return row_major_ok(t.shape, t.stride(), t.element_size()) and t.data_ptr() % TMA_ALIGN == 0
+
+
+def _lhs(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The TMA view of a logical [rows, K] operand and whether it is K-major."""
+    if _row_ok(t):
+        return t, True
+    if _row_ok(t.T):
+        return t.T, False
+    raise Unsupported(f"operand strides {tuple(t.stride())} are not TMA-readable")
+
+
+def _rhs(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The TMA view of a logical [K, cols] operand and whether it is K-major."""
+    if _row_ok(t.T):
+        return t.T, True
+    if _row_ok(t):
+        return t, False
+    raise Unsupported(f"operand strides {tuple(t.stride())} are not TMA-readable")
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple[int, int], dtype: torch.dtype):
+    from tilefly.gluon.layouts import gl_dtype, shared_tile_layout
+
+    return shared_tile_layout(block, gl_dtype(dtype))
+
+
+def _descriptor(view: torch.Tensor, block: list[int]):
+    rows, cols = view.shape
+    # A single row's stride is never used; TMA still wants it 16-byte aligned.
+    row_stride = view.stride(0) if rows > 1 else _cdiv(cols * view.element_size(), TMA_ALIGN) * TMA_ALIGN
+    return TensorDescriptor(view, [rows, cols], [row_stride, 1], block, _shared_layout(tuple(block), view.dtype))
+
+
+def _operand_descriptors(cfg: GemmConfig, lhs: torch.Tensor, rhs: torch.Tensor):
+    a_view, a_kmajor = _lhs(lhs)
+    b_view, b_kmajor = _rhs(rhs)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_desc = _descriptor(a_view, [bm, bk] if a_kmajor else [bk, bm])
+    b_desc = _descriptor(b_view, [bn, bk] if b_kmajor else [bk, bn])
+    return a_desc, b_desc, a_kmajor, b_kmajor
+
+
+def _bias(bias: torch.Tensor | None, m: int, n: int) -> tuple[int, int]:
+    if bias is None:
+        return 0, 0
+    if bias.dtype != torch.float16 and bias.dtype != torch.bfloat16:
+        raise Unsupported(f"bias dtype {bias.dtype}")
+    mode = bias_mode(facts_from_tensor(bias), m, n)
+    if mode is None:
+        raise Unsupported(f"bias of shape {tuple(bias.shape)} is not a broadcast vector")
+    return mode
+
+
+_SWAPPED_BIAS = {0: 0, 1: 2, 2: 1}
+
+
+def _on_cuda(*tensors: torch.Tensor) -> bool:
+    return all(t.is_cuda for t in tensors)
+
+
+def run(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """out = a @ b (+ bias) with ``cfg``; raises Unsupported before writing anything.
+
+    The first call for a given (config, tensors) signature decides everything and
+    launches through Triton's JIT; later calls with the same addresses, shapes and
+    strides replay the cached ``_Plan`` (a few microseconds of Python)."""
+    key = (cfg, a.device, a.dtype, a.data_ptr(), a.shape, a.stride(), b.dtype, b.data_ptr(), b.shape, b.stride(),
+           out.dtype, out.data_ptr(), out.shape, out.stride(),
+           None if bias is None else (bias.dtype, bias.data_ptr(), bias.shape, bias.stride()))
+    plan = _plans.get(key)
+    if plan is not None and not _capturing():
+        plan()
+        return out
+    launch = prepare(cfg, a, b, out, bias)
+    capturing = _capturing()
+    compiled = launch.first(capturing)
+    if not capturing:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = _Plan(compiled, launch)
+    return out
+
+
+def prepare(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+            bias: torch.Tensor | None = None) -> "Launch":
+    """Validate and orient the problem; the Launch it returns has not run yet."""
+    if not _on_cuda(a, b, out):
+        raise Unsupported("tensors are not on a CUDA device")
+    if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
+        raise Unsupported("tilefly's GEMM takes 2-D operands")
+    m, k = a.shape
+    n = b.shape[1]
+    if min(m, n, k) == 0:
+        raise Unsupported("empty GEMM")
+    if b.shape[0] != k or tuple(out.shape) != (m, n):
+        raise Unsupported(f"shapes {tuple(a.shape)} @ {tuple(b.shape)} -> {tuple(out.shape)}")
+    if not (a.dtype == b.dtype == out.dtype) or a.dtype not in (torch.float16, torch.bfloat16):
+        raise Unsupported(f"dtypes {a.dtype}, {b.dtype} -> {out.dtype}")
+    mode, stride_bias = _bias(bias, m, n)
+    bias_arg = out if bias is None else bias
+    if cfg.persistent:
+        return _prepare_tile(cfg, a, b, out, bias_arg, mode, stride_bias)
+    return _prepare_splitk(cfg, a, b, out, bias_arg, mode, stride_bias)
+
+
+def _prepare_tile(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
+    if not _row_ok(out):
+        if not _row_ok(out.T):
+            raise Unsupported(f"output strides {tuple(out.stride())} are not TMA-writable")
+        a, b, out, mode = b.T, a.T, out.T, _SWAPPED_BIAS[mode]
+    m, k = a.shape
+    n = b.shape[1]
+    a_desc, b_desc, a_kmajor, b_kmajor = _operand_descriptors(cfg, a, b)
+    c_desc = _descriptor(out, [cfg.block_m, cfg.block_n])
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    return Launch(cfg, (min(_device.sm_count(out), tiles), 1, 1),
+                  [a_desc, b_desc, c_desc, bias_arg, m, n, k, stride_bias],
+                  dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, GROUP_M=cfg.group_m), out.device)
+
+
+def _prepare_splitk(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
+    if a.shape[0] < b.shape[1]:
+        a, b, out, mode = b.T, a.T, out.T, _SWAPPED_BIAS[mode]
+    m, k = a.shape
+    n = b.shape[1]
+    a_desc, b_desc, a_kmajor, b_kmajor = _operand_descriptors(cfg, a, b)
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    k_iters = _cdiv(k, cfg.block_k)
+    splits = choose_splits(cfg, tiles, k_iters, _device.sm_count(out))
+    per_split = _cdiv(k_iters, splits)
+    splits = _cdiv(k_iters, per_split)
+    workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
+    rows_contiguous = out.stride(0) == 1 and out.stride(1) != 1
+    return Launch(cfg, (tiles, splits, 1),
+                  [a_desc, b_desc, out, bias_arg, None, None, m, n, k, out.stride(0), out.stride(1), stride_bias,
+                   per_split],
+                  dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, C_ROWS_CONTIGUOUS=rows_contiguous),
+                  out.device, workspace=workspace, workspace_at=4)
+
+
+class Launch:
+    """One decided kernel launch: grid, runtime arguments (the split-K workspace and
+    tickets slots left empty until launch time) and compile-time flags."""
+
+    def __init__(self, cfg, grid, args, flags, device, workspace=None, workspace_at=None):
+        self.cfg, self.grid, self.args, self.device = cfg, grid, args, device
+        self.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+                               num_warps=cfg.num_warps, **flags)
+        self.workspace, self.workspace_at = workspace, workspace_at
+
+    def with_buffers(self, capturing: bool) -> list:
+        if self.workspace_at is None:
+            return self.args
+        if self.workspace is None:
+            buffers = _placeholders(self.device)
+        else:
+            buffers = _splitk_buffers(self.device, *self.workspace, capturing)
+        args = list(self.args)
+        args[self.workspace_at:self.workspace_at + 2] = buffers
+        return args
+
+    def first(self, capturing: bool):
+        """Launch through the JIT (compiling on first use); returns the compiled kernel."""
+        kernel = kernel_of(self.cfg)
+        return kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
+
+
+class _Address:
+    """A device address standing in for a tensor in a cached plan, so plans keep no
+    tensor alive; Triton's launcher only asks it for ``data_ptr()``."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: torch.dtype):
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    if isinstance(value, TensorDescriptor):
+        return TensorDescriptor(_Address(value.base.data_ptr(), value.base.dtype), value.shape, value.strides,
+                                value.block_shape, value.layout)
+    return value
+
+
+class _Plan:
+    """A cached launch: the compiled kernel called directly with every parameter in
+    signature order (what the JIT would pass after binding), tensors as addresses."""
+
+    __slots__ = ("compiled", "grid", "args", "device", "workspace", "workspace_at")
+
+    def __init__(self, compiled, launch: Launch):
+        names = kernel_of(launch.cfg).arg_names
+        values = dict(zip(names, launch.args))
+        values.update(launch.constexprs)
+        self.args = [_detached(values[name]) for name in names]
+        self.compiled, self.grid = compiled, launch.grid
+        self.device = launch.device
+        self.workspace, self.workspace_at = launch.workspace, launch.workspace_at
+
+    def __call__(self) -> None:
+        stream = _stream(self.device)
+        args = self.args
+        if self.workspace is not None:
+            args = list(args)
+            args[self.workspace_at:self.workspace_at + 2] = [
+                t.data_ptr() for t in _splitk_buffers(self.device, *self.workspace, False, stream)]
+        ck = self.compiled
+        ck.run(*self.grid, stream, ck.function, ck.packed_metadata, ck.launch_metadata(self.grid, stream, *args),
+               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+
+_MAX_PLANS = 1024
+_plans: dict[tuple, _Plan] = {}
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _stream(device: torch.device) -> int:
+    return driver.active.get_current_stream(device.index)
+
+
+# ---- split-K buffers --------------------------------------------------------------------------
+
+_buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_placeholder: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: bool,
+                    stream: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 partials and per-tile tickets. Tickets are zero between launches (the last
+    program of a tile resets its own), so one pair per (device, stream), grown as needed,
+    serves every launch on that stream in turn; under CUDA graph capture a fresh pair
+    (tickets zeroed in the graph) belongs to the graph instead."""
+    if capturing:
+        return (torch.empty(partials, dtype=torch.float32, device=device),
+                torch.zeros(tiles, dtype=torch.int32, device=device))
+    key = (device.index, _stream(device) if stream is None else stream)
+    pair = _buffers.get(key)
+    if pair is None or pair[0].numel() < partials or pair[1].numel() < tiles:
+        old = (0, 0) if pair is None else (pair[0].numel(), pair[1].numel())
+        pair = (torch.empty(max(partials, old[0]), dtype=torch.float32, device=device),
+                torch.zeros(max(tiles, old[1], 4096), dtype=torch.int32, device=device))
+        _buffers[key] = pair
+    return pair
+
+
+def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unused workspace/ticket arguments of a launch without split-K."""
+    pair = _placeholder.get(device.index)
+    if pair is None:
+        pair = (torch.empty(64, dtype=torch.float32, device=device), torch.zeros(64, dtype=torch.int32, device=device))
+        _placeholder[device.index] = pair
+    return pair
+
+
+# ---- compile ahead (Inductor choice time) ------------------------------------------------------
+
+def variant(cfg: GemmConfig, a: MatrixFacts, b: MatrixFacts, out_rows: bool, bias: int) -> dict:
+    """The compile-time flags ``run`` will pick for operands with these facts, a
+    row-major (else column-major) output and bias mode: mirrors _lhs/_rhs and the swaps."""
+    (m, _), (_, n) = a.shape, b.shape
+    a_kmajor = row_major_ok(a.shape, a.stride, a.itemsize)
+    b_kmajor = row_major_ok(b.shape[::-1], b.stride[::-1], b.itemsize)
+    swap = (not out_rows) if cfg.persistent else m < n
+    if swap:  # L' = B^T is K-major exactly when B is; R' = A^T likewise
+        a_kmajor, b_kmajor, bias = b_kmajor, a_kmajor, _SWAPPED_BIAS[bias]
+    flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=bias)
+    if not cfg.persistent:
+        flags["C_ROWS_CONTIGUOUS"] = swap == out_rows
+    return flags
+
+
+def warm(cfg: GemmConfig, dtype: torch.dtype, flags: dict, m: int, n: int) -> None:
+    """Compile (without running) the binary ``run`` will launch for an m x n output
+    (row-major, as Inductor allocates it) with these flags; raises what the compiler
+    raises. Needs a CUDA device (the JIT asks the driver)."""
+    from triton.runtime.jit import MockTensor
+
+    def mock_desc(rows, cols):
+        return TensorDescriptor(MockTensor(dtype, [rows, cols]), [rows, cols], [max(cols, 8), 1], [rows, cols],
+                                _shared_layout((rows, cols), dtype))
+
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_desc = mock_desc(bm, bk) if flags["A_KMAJOR"] else mock_desc(bk, bm)
+    b_desc = mock_desc(bn, bk) if flags["B_KMAJOR"] else mock_desc(bk, bn)
+    common = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, STAGES=cfg.stages, num_warps=cfg.num_warps, grid=(1,), **flags)
+    if cfg.persistent:
+        kernel_of(cfg).warmup(a_desc, b_desc, mock_desc(bm, bn), dtype, 1, 1, 1, 0, GROUP_M=cfg.group_m, **common)
+        return
+    # The split-K kernel specializes M, N and the output strides: use the values run() will pass.
+    if m < n:
+        m, n = n, m
+        stride_cm, stride_cn = 1, m      # out.T of a row-major out
+    else:
+        stride_cm, stride_cn = n, 1
+    kernel_of(cfg).warmup(a_desc, b_desc, dtype, dtype, torch.float32, torch.int32, m, n, 1, stride_cm, stride_cn,
+                          0, 1, **common)
