@@ -62,7 +62,7 @@ def _family_status(name: str) -> str:
     how = "tilefly.enable()" if family.reached_by == "eager" else \
         "torch.compile(mode='max-autotune') with TILEFLY in max_autotune_gemm_backends"
     if not family.default:
-        how = f"tilefly.enable([{name!r}]) (opt-in)"
+        how = f"tilefly.enable([{name!r}])"
     return f"ready, reached through {how}"
 
 
@@ -73,7 +73,8 @@ def report() -> str:
     lines += ["", "op families:"]
     for name, family in ops.FAMILIES.items():
         lines.append(f"  {name:<13} {family.summary}")
-        lines.append(f"  {'':<13} -> {_family_status(name)}")
+        opt_in = "" if family.default else "  [opt-in: not enabled by tilefly.enable() without ops=]"
+        lines.append(f"  {'':<13} -> {_family_status(name)}{opt_in}")
     lines += ["", "options (python -m tilefly config):"]
     lines += ["  " + line for line in config.describe().splitlines()]
     return "\n".join(lines)

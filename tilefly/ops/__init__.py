@@ -33,7 +33,11 @@ FAMILIES: dict[str, Family] = {
                # enable(["attention"]) and a database from `python -m tilefly tune attention`.
                default=False),
         Family("gemm", "tilefly.ops.gemm", "inductor",
-               "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY"),
+               "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY",
+               # Its kernels compile for sm_90a but have not yet passed their GPU tests; Inductor's
+               # autotuning times candidates without checking results, so the family stays opt-in
+               # (enable(["gemm"])) until they have.
+               default=False),
     )
 }
 
