@@ -2,8 +2,12 @@
 # One device call: install tilefly, run the GPU tests and the named benchmark
 # suites, and leave logs and JSON under $OUT (default ./gpu_out).
 #
-#   scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
-#                        [--run "SHELL COMMAND"] [--no-tests]
+#   COMMIT=<sha> scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
+#                                     [--run "SHELL COMMAND"] [--no-tests]
+#
+# The device's copy of the tree has no .git: pass the commit being measured in
+# COMMIT so the benchmark JSON records it. Example (the first call of a session):
+#   COMMIT=$(git rev-parse --short HEAD) scripts/gpu_check.sh --bench "rmsnorm topk" --quick
 #
 # The device returns at most 8 files from $OUT, so everything (test logs, each
 # suite's Markdown, JSON and PNG) lands in $OUT/results.tgz beside the summary log.
@@ -12,6 +16,7 @@ OUT=${OUT:-$PWD/gpu_out}
 WORK=$(mktemp -d)
 mkdir -p "$OUT" "$WORK/bench"
 export PYTHONUNBUFFERED=1
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 TESTS="tests"; BENCH=""; QUICK=""; RUN=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,7 +50,7 @@ done
 
 for suite in $BENCH; do
   say "bench $suite $QUICK"
-  python3 -m tilefly bench --suite "$suite" $QUICK --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
+  python3 -m tilefly bench --suite "$suite" $QUICK --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
   echo "bench exit $?" >>"$WORK/bench/$suite.md.log"
   cat "$WORK/bench/$suite.md.log" | grep -v "it/s\]" | tail -80 >>"$LOG"
 done
