@@ -173,3 +173,15 @@ def test_debug_log_names_each_decision(standin, caplog):
     with caplog.at_level(logging.DEBUG, logger="tilefly"):
         torch.topk(torch.randn(2, 10), 9)
     assert "aten::topk -> ATen (k=9 > 4)" in caplog.text
+
+
+def test_all_thread_recording_sees_calls_made_in_other_threads(standin):
+    _dispatch.install([FAMILY])
+    x = torch.randn(3, 40)
+    with _dispatch.recording() as mine, _dispatch.recording(all_threads=True) as everywhere:
+        worker = threading.Thread(target=lambda: torch.topk(x, 2))
+        worker.start()
+        worker.join()
+        torch.topk(x, 9)
+    assert [d.impl for d in everywhere] == ["sort_topk", None]
+    assert [d.impl for d in mine] == [None], "a thread-local recording sees this thread only"

@@ -175,33 +175,54 @@ def _rebuild(keys: set[tuple[str, str]]) -> None:
 # ---- observation: explain() and debug logging ------------------------------------------------
 
 _tls = threading.local()
-_recorders = 0  # explain() blocks open in any thread; the handler skips the thread-local when 0
+_recorders = 0  # recording() blocks open anywhere; the handler skips all bookkeeping when 0
+_all_thread_sinks: list[list[Decision]] = []  # recording(all_threads=True) lists, under _lock
 
 
 class recording:
-    """Collect this thread's dispatch decisions (``with recording() as decisions: ...``)."""
+    """Collect dispatch decisions: ``with recording() as decisions: ...``.
+
+    By default only this thread's calls; ``all_threads=True`` also sees calls made
+    elsewhere while the block is open, e.g. the backward ops autograd runs for CUDA
+    tensors on its own device thread.
+    """
+
+    def __init__(self, all_threads: bool = False):
+        self.all_threads = all_threads
 
     def __enter__(self) -> list[Decision]:
         global _recorders
-        self._outer = getattr(_tls, "decisions", None)
         self.decisions: list[Decision] = []
-        _tls.decisions = self.decisions
         with _lock:
             _recorders += 1
+            if self.all_threads:
+                _all_thread_sinks.append(self.decisions)
+                return self.decisions
+        self._outer = getattr(_tls, "decisions", None)
+        _tls.decisions = self.decisions
         return self.decisions
 
     def __exit__(self, *exc) -> None:
         global _recorders
-        _tls.decisions = self._outer
         with _lock:
             _recorders -= 1
+            if self.all_threads:
+                _all_thread_sinks.remove(self.decisions)
+                return
+        _tls.decisions = self._outer
 
 
 def _observe(op: str, impl: str | None, reason: str | None) -> None:
     if _recorders:
-        decisions = getattr(_tls, "decisions", None)
-        if decisions is not None:
-            decisions.append(Decision(op, impl, reason))
+        decision = Decision(op, impl, reason)
+        mine = getattr(_tls, "decisions", None)
+        if mine is not None:
+            mine.append(decision)
+        if _all_thread_sinks:
+            with _lock:
+                for sink in _all_thread_sinks:
+                    if sink is not mine:
+                        sink.append(decision)
     if _log.isEnabledFor(logging.DEBUG):
         if impl is not None:
             _log.debug("%s -> tilefly %s", op, impl)

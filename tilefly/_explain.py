@@ -86,7 +86,8 @@ def explain(fn: Callable[..., Any], *args, **kwargs) -> Explanation:
             _log.debug("explain: cannot load %s: %s", name, exc)
     # func.name() spells overloads as the router does: "aten::topk", "aten::topk.values".
     watched = {i.op: i.family for i in _dispatch.registered()}
-    with _dispatch.recording() as decisions, _Watch(watched, decisions):
+    # All threads: autograd runs the backward of CUDA tensors on its own device thread.
+    with _dispatch.recording(all_threads=True) as decisions, _Watch(watched, decisions):
         result = fn(*args, **kwargs)
     return Explanation(result, list(decisions))
 

@@ -6,6 +6,9 @@ flash's B x H x S and uint64 RNG state), computed in float64.
 Their backward kernels compute P from the *saved* log-sum-exp and D from the *saved*
 output, as the real kernels do, so a saved tensor in the wrong layout or convention
 gives wrong gradients instead of passing silently. Each call appends its name to ``log``.
+
+Also here, shared by the CPU and GPU tests: database entries and files (``db_entry``,
+``write_db``) and ``all_thread_decisions``, which sees the router's decisions in every thread.
 """
 from __future__ import annotations
 
@@ -156,3 +159,9 @@ def write_db(path, entries):
               "tuner_args": {"hand_made_for": "tests"}}
     tdb.write(path, header, entries)
     return str(path)
+
+
+def all_thread_decisions():
+    """The router's decisions made in any thread while open, in call order: autograd runs the
+    backward of CUDA tensors on its own device thread, which a plain recording() does not see."""
+    return _dispatch.recording(all_threads=True)

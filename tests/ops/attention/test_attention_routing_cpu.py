@@ -2,13 +2,14 @@
 packing, installed on the CPU key over stand-in kernels with the real kernels' formats
 (attention_standins.py). Calls go straight to the backend ops, as SDPA's C++ would."""
 import itertools
+import threading
 
 import pytest
 import torch
 
 from tilefly import _device, _dispatch, config
 from tilefly.ops.attention import backends, database, eager
-from attention_standins import StandIns, db_entry, reference, write_db
+from attention_standins import StandIns, all_thread_decisions, db_entry, reference, write_db
 
 FAMILY = "attention_cpu_test"
 OPS = {b: getattr(torch.ops.aten, f"_scaled_dot_product_{b}_attention") for b in ("cudnn", "flash", "efficient")}
@@ -133,6 +134,22 @@ def test_refused_target_keeps_the_op_kernel_with_reasons(routed, tmp_path):
     reason = decisions[0].reason
     assert "flash: flash is not rerouted to for causal attention with Sq != Sk" in reason
     assert "efficient: efficient is not rerouted to for grouped-query attention" in reason
+
+
+def test_decisions_are_recorded_from_every_thread(routed, tmp_path):
+    """CUDA backward runs on autograd's device thread, so the GPU tests record with
+    all_thread_decisions: it must see a call made in another thread as well as this thread's."""
+    config.attention_db = write_db(tmp_path / "db.json", [
+        db_entry("fwd", sq_bin=32, sk_bin=32, serve={"cudnn": ["flash"]})])
+    q, k, v = _qkv(grad=False)
+    with all_thread_decisions() as decisions:
+        worker = threading.Thread(target=_call, args=("cudnn", q, k, v))
+        worker.start()
+        worker.join()
+        _call("efficient", q, k, v)
+    assert [(d.op, d.impl) for d in decisions] == [("aten::_scaled_dot_product_cudnn_attention", "sdpa_reroute"),
+                                                   ("aten::_scaled_dot_product_efficient_attention", None)]
+    assert routed == ["flash", "efficient"]
 
 
 @pytest.mark.parametrize("case", ["mask", "dropout", "fp32", "debug"])
