@@ -54,16 +54,18 @@ def test_install_sets_and_restores_the_choices_class():
     assert inductor_config.inductor_choices_class is None and not _inductor.installed()
 
 
-def test_install_leaves_another_choices_class_alone(monkeypatch, caplog):
+def test_install_leaves_another_choices_class_alone(caplog):
     from torch._inductor.choices import InductorChoices
 
     class Theirs(InductorChoices):
         def uuid(self):
             return "theirs"
 
-    monkeypatch.setattr(inductor_config, "inductor_choices_class", Theirs)
-    _inductor.install()
-    assert inductor_config.inductor_choices_class is Theirs and not _inductor.installed()
+    # Inductor's config.patch, not monkeypatch: pytest >= 9.2 undoes a setattr on a module
+    # with delattr, which hides the option from Inductor's config module for the session.
+    with inductor_config.patch(inductor_choices_class=Theirs):
+        _inductor.install()
+        assert inductor_config.inductor_choices_class is Theirs and not _inductor.installed()
     assert "already" in caplog.text
 
 
