@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import tilefly
 from tilefly import _dispatch, config
-from tilefly.ops.rms_norm import configs, eager
+from tilefly.ops.rms_norm import configs, eager, launcher
 from tilefly.ops.rms_norm.configs import Config
 
 pytestmark = pytest.mark.cuda
@@ -125,7 +125,11 @@ def test_eps_none_is_float32_epsilon():
 
 @pytest.mark.parametrize("N", [4096, 4097, 65537])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_nan_and_inf_propagate_like_aten(dtype, N):
+def test_nan_and_inf_follow_float64_and_match_aten_on_finite_rows(dtype, N):
+    # Rows with +-inf: rsqrt(inf) = 0, so y = x * 0 is 0, and NaN at the infinite element
+    # (inf * 0). ATen's kernels disagree among themselves there: on the H200 (torch 2.11) it
+    # matched this at N = 4096 and not at 4097 or 65537 (one side NaN). So those rows are checked
+    # against float64 only; what ATen returns for them is not asserted either way.
     x = rand(6, N, dtype=dtype)
     x[1, 3] = float("nan")
     x[2, N // 2] = float("inf")
@@ -133,11 +137,19 @@ def test_nan_and_inf_propagate_like_aten(dtype, N):
     x[4] = 0.0                                    # 0 * rsqrt(0 + eps=0) = NaN, as in ATen
     w = rand_weight(N, dtype)
     y, rstd = served(OP, x, [N], w, 0.0)
-    y_aten, rstd_aten = on_aten(OP, x, [N], w, 0.0)
+    y_ref, rstd_ref = reference(x, 1, w, 0.0)
     tol = TOL[dtype]
-    torch.testing.assert_close(rstd, rstd_aten, rtol=1e-5, atol=0, equal_nan=True)
-    torch.testing.assert_close(y, y_aten, rtol=tol, atol=tol, equal_nan=True)
-    assert y[1].isnan().all() and y[4].isnan().all() and y[2, N // 2].isnan() and y[2, 0] == 0
+    torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol, equal_nan=True)
+    assert y[1].isnan().all() and rstd[1].isnan().all() and y[4].isnan().all() and rstd[4].isinf().all()
+    for row, col in ((2, N // 2), (3, N - 1)):
+        assert rstd[row].item() == 0
+        assert y[row, col].isnan() and y[row].isnan().sum() == 1
+        assert (y[row].nan_to_num(nan=0.0) == 0).all()
+    finite = [0, 1, 4, 5]                          # no +-inf: ATen and tilefly must agree
+    y_aten, rstd_aten = on_aten(OP, x, [N], w, 0.0)
+    torch.testing.assert_close(rstd[finite], rstd_aten[finite], rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(y[finite], y_aten[finite], rtol=tol, atol=tol, equal_nan=True)
 
 
 def test_empty_rows_are_served_and_empty_normalized_dims_stay_on_aten():
@@ -223,20 +235,27 @@ def test_gradients_through_autograd_match_aten(dtype, N, has_w):
         torch.testing.assert_close(gw, gw_a, rtol=tol, atol=tol * 10)  # a sum over 24 rows
 
 
-@pytest.mark.parametrize("N", [4097, 65537])
-def test_cuda_graph_capture_and_replay(N):
+@pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8))],
+                         ids=["rows", "chunked", "segments"])
+def test_cuda_graph_capture_and_replay(N, cfg):
     static_x = rand(256, N, dtype=torch.float16)
     w = rand_weight(N, torch.float16)
+
+    def norm():
+        if cfg is None:
+            return F.rms_norm(static_x, (N,), w, 1e-6)
+        return eager.rms_norm_forward(static_x, [N], w, 1e-6, kernel_config=cfg)[0]  # workspace inside
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up compiles and fills the launch cache
         for _ in range(2):
-            F.rms_norm(static_x, (N,), w, 1e-6)
+            norm()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with _dispatch.recording() as decisions, torch.cuda.graph(graph):
-        static_y = F.rms_norm(static_x, (N,), w, 1e-6)
-    assert decisions and all(d.impl == SERVED for d in decisions)
+        static_y = norm()
+    assert all(d.impl == SERVED for d in decisions) and bool(decisions) == (cfg is None)
     for _ in range(2):
         static_x.copy_(rand(256, N, dtype=torch.float16))
         static_y.fill_(float("nan"))
@@ -283,6 +302,10 @@ LAUNCH_CASES = {
     "chunked-generic-strided": (40000, 40003, None),
     "chunked-unpipelined": (65537, None, Config("chunked", 2048, 1, 4, 1, 4)),
     "chunked-short-rows": (4097, None, Config("chunked", 1024, 1, 4, 3, 2)),
+    "segments-aligned": (65536, None, Config("segments", 16384, 1, 16)),
+    "segments-split": (65537, None, Config("segments", 8192, 1, 8)),
+    "segments-generic-strided": (40000, 40003, Config("segments", 8192, 1, 8)),
+    "segments-two-pieces": (16385, None, Config("segments", 8192, 1, 16)),
 }
 
 
@@ -295,7 +318,7 @@ def test_each_kernel_and_layout_writes_every_output(dtype, case):
     w = rand_weight(N, dtype)
     y = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)       # poisoned outputs
     rstd = torch.full((M, 1), float("nan"), device="cuda")
-    eager.launch(x, w, y, rstd, 1e-6, cfg)
+    launcher.launch(x, w, y, rstd, 1e-6, cfg)
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
     torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
@@ -303,17 +326,46 @@ def test_each_kernel_and_layout_writes_every_output(dtype, case):
 
 def test_launch_cache_serves_any_row_count_with_one_compiled_kernel():
     w = rand_weight(4097, torch.float16)
-    before = len(eager._compiled)
+    before = len(launcher._entries)
     for M in (1, 17, 1000, 5):
         x = rand(M, 4097, dtype=torch.float16)
         check_op(x, [4097], w)
-    assert len(eager._compiled) - before <= 1
+    assert len(launcher._entries) - before <= 1
     x = rand(300, 4097, dtype=torch.float16)
-    first, second = served(OP, x, [4097], w, 1e-6), served(OP, x, [4097], w, 1e-6)
+    first = served(OP, x, [4097], w, 1e-6)
+    plan = eager._plans[next(k for k in eager._plans if k[0] == x.shape)]
+    assert plan.fast is not None, "an aligned launch must leave the plan its fast launch"
+    second = served(OP, x, [4097], w, 1e-6)                 # through plan.fast
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    for _ in range(3):                                       # and through the recent guard
+        third = served(OP, rand(300, 4097, dtype=torch.float16).copy_(x), [4097], w, 1e-6)
+        assert torch.equal(first[0], third[0])
 
 
-@pytest.mark.parametrize("dtype, N", [(torch.float16, 4097), (torch.float32, 65536)])
+def test_fast_path_keeps_unaligned_pointers_off_the_aligned_kernel():
+    base = rand(64 * 4096 + 8, dtype=torch.bfloat16)
+    w = rand_weight(4096, torch.bfloat16)
+    aligned, shifted = base[:64 * 4096].view(64, 4096), base[1:64 * 4096 + 1].view(64, 4096)
+    for x in (aligned, shifted, aligned, shifted):           # same plan key, alternating alignment
+        check_op(x, [4096], w)
+
+
+@pytest.mark.parametrize("dtype, M, N, seg", [(torch.bfloat16, 300, 114688, 8192), (torch.float32, 257, 65537, 4096)])
+def test_segments_kernel_on_many_rows(dtype, M, N, seg):
+    # thousands of CTAs (M x pieces) waiting on each other by tickets: no deadlock, every row right
+    x = rand(M, N, dtype=dtype)
+    w = rand_weight(N, dtype)
+    y = torch.full_like(x, float("nan"))
+    rstd = torch.full((M, 1), float("nan"), device="cuda")
+    for _ in range(2):
+        launcher.launch(x, w, y, rstd, 1e-6, Config("segments", seg, 1, 8))
+    torch.cuda.synchronize()
+    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
+    torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
+    torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype, N", [(torch.float16, 4097), (torch.float32, 65536), (torch.bfloat16, 16385)])
 def test_every_sweep_candidate_is_correct(dtype, N):
     x = rand(19, N, dtype=dtype)
     w = rand_weight(N, dtype)
@@ -322,7 +374,7 @@ def test_every_sweep_candidate_is_correct(dtype, N):
     for cfg in configs.candidates(N, x.element_size(), layout):
         y = torch.full_like(x, float("nan"))
         rstd = torch.full((19, 1), float("nan"), device="cuda")
-        eager.launch(x, w, y, rstd, 1e-6, cfg)
+        launcher.launch(x, w, y, rstd, 1e-6, cfg)
         torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
         torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
 

@@ -1,11 +1,12 @@
 """RMSNorm eligibility on CPU: every rejection reason on meta tensors with the GPU check mocked,
-the row-stride rule, output shapes of the empty case, and the router registration."""
+the row-stride rule, the per-shape plan cache and the predicate-to-op hand-over, output shapes
+of the empty case, and the router registration."""
 import pytest
 import torch
 
 import tilefly
 from tilefly import _device, _dispatch, config
-from tilefly.ops.rms_norm import eager
+from tilefly.ops.rms_norm import eager, launcher
 
 OP = "aten::_fused_rms_norm"
 
@@ -14,6 +15,23 @@ OP = "aten::_fused_rms_norm"
 def on_hopper(monkeypatch):
     """Pretend every tensor lives on an sm_90 GPU: the remaining checks are device-independent."""
     monkeypatch.setattr(_device, "hopper_reason", lambda t: None)
+    eager._plans.clear()
+    yield
+    eager._plans.clear()
+
+
+@pytest.fixture
+def plan_builds(monkeypatch):
+    """Count plan builds (the slow path of the predicate)."""
+    built = []
+    build = eager._build_plan
+
+    def counting(*args):
+        built.append(args[0].shape)
+        return build(*args)
+
+    monkeypatch.setattr(eager, "_build_plan", counting)
+    return built
 
 
 def meta(*shape, dtype=torch.float16):
@@ -68,6 +86,105 @@ def test_band_threshold_is_on_input_bytes(on_hopper):
     rows_at_threshold = eager.MIN_SERVED_BYTES // (2 * 1024)
     assert eager.rms_norm_reason(meta(rows_at_threshold, 1024), [1024]) is None
     assert eager.rms_norm_reason(meta(rows_at_threshold - 1, 1024), [1024]) is not None
+
+
+def test_repeat_calls_reuse_the_plan_and_each_key_gets_its_own(on_hopper, plan_builds):
+    x, w = meta(64, 4096), meta(4096)
+    for _ in range(3):
+        assert eager.rms_norm_reason(x, [4096], w, 1e-6) is None
+        assert eager.rms_norm_reason(meta(64, 4096), [4096], meta(4096)) is None   # same key, new tensors
+    assert len(plan_builds) == 1
+    assert eager.rms_norm_reason(x, [4096]) is None                                  # no weight: another key
+    assert "weight dtype" in eager.rms_norm_reason(x, [4096], meta(4096, dtype=torch.float32))
+    assert "weight shape" in eager.rms_norm_reason(x, [4096], meta(1, 4096))
+    assert "not one contiguous" in eager.rms_norm_reason(meta(4096, 64).t(), [4096], w)
+    assert "dtype torch.float64" in eager.rms_norm_reason(meta(64, 4096, dtype=torch.float64), [4096])
+    assert eager.rms_norm_reason(x, [4096], w) is None and len(plan_builds) == 6
+
+
+def test_another_normalized_shape_on_the_same_key_is_not_answered_from_the_cache(on_hopper):
+    x = meta(8, 64, 64)
+    assert eager.rms_norm_reason(x, [64]) is None
+    assert eager.rms_norm_reason(x, [64, 64]) is None
+    assert "not the trailing dims" in eager.rms_norm_reason(x, [32, 64])
+    assert eager.rms_norm_reason(x, (64, 64)) is None                                # a tuple compares too
+    assert eager.rms_norm_reason(x, [64]) is None
+
+
+@pytest.fixture
+def cuda_branch(on_hopper, monkeypatch):
+    """CPU tensors take the CUDA tensors' branch of the predicate (device index 0), the one that
+    keeps the recent guard."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0, raising=False)
+    monkeypatch.setattr(eager, "_recent", None)
+
+
+def test_recent_guard_answers_repeats_and_only_repeats(cuda_branch, plan_builds):
+    x, w = torch.randn(64, 4096, dtype=torch.float16), torch.randn(4096, dtype=torch.float16)
+    assert eager.rms_norm_reason(x, [4096], w, 1e-6) is None
+    assert eager._recent is not None and eager._recent[2] is eager._pending[3]
+    eager._plans.clear()                                          # only the guard can answer now
+    assert eager.rms_norm_reason(torch.randn(64, 4096, dtype=torch.float16), [4096],
+                                 torch.randn(4096, dtype=torch.float16)) is None
+    assert len(plan_builds) == 1
+    assert "weight dtype" in eager.rms_norm_reason(x, [4096], w.float())
+    assert "not one contiguous" in eager.rms_norm_reason(torch.randn(4096, 64, dtype=torch.float16).t(), [4096], w)
+    assert "not the trailing dims" in eager.rms_norm_reason(x, [4096, 1], w)
+    assert "weight shape" in eager.rms_norm_reason(x, [4096], torch.randn(1, 4096, dtype=torch.float16))
+    assert eager.rms_norm_reason(x, [4096]) is None                                  # no weight: its own guard
+    assert eager._recent[1] is True
+    sliced = torch.randn(64, 4100, dtype=torch.float16)[:, :4096]                      # same shape, other strides
+    assert eager.rms_norm_reason(sliced, [4096], w) is None and eager._pending[3].stride == 4100
+    assert "launch-bound" in eager.rms_norm_reason(torch.randn(1, 1024, dtype=torch.float16), [1024])
+    assert "launch-bound" in eager.rms_norm_reason(torch.randn(1, 1024, dtype=torch.float16), [1024])
+
+
+def test_cache_is_bounded(on_hopper, monkeypatch):
+    monkeypatch.setattr(eager, "MAX_PLANS", 8)
+    for m in range(1, 30):
+        assert eager.rms_norm_reason(meta(m, 4096), [4096]) is None
+        assert len(eager._plans) <= 8
+
+
+def test_the_op_uses_the_predicates_plan_only_for_that_very_call(on_hopper, monkeypatch):
+    plans = []
+    monkeypatch.setattr(launcher, "run_plan", lambda plan, *args: plans.append(plan))
+    x, w = torch.randn(8, 4096, dtype=torch.float16), torch.randn(4096, dtype=torch.float16)
+    norm = [4096]
+    assert eager.rms_norm_reason(x, norm, w, 1e-6) is None
+    y, rstd = eager.rms_norm_forward(x, norm, w, 1e-6)
+    assert plans[-1] is eager._plans[next(iter(eager._plans))] and eager._pending is None
+    assert (y.shape, y.dtype, rstd.shape, rstd.dtype) == ((8, 4096), torch.float16, (8, 1), torch.float32)
+
+    other = torch.randn(16, 4096, dtype=torch.float16)       # not what the predicate saw
+    assert eager.rms_norm_reason(x, norm, w, 1e-6) is None
+    y, rstd = eager.rms_norm_forward(other, norm, w, 1e-6)
+    assert plans[-1].M == 16 and rstd.shape == (16, 1) and eager._pending is None
+    with pytest.raises(ValueError, match="not the trailing dims"):
+        eager.rms_norm_forward(x, [8], None, 1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(6, 10),
+    lambda: torch.randn(6, 16)[:, :10],
+    lambda: torch.randn(3, 1, 10).transpose(0, 1),          # contiguous, odd stride on a size-1 dim
+    lambda: torch.randn(2, 3, 4, 10),
+    lambda: torch.randn(10).expand(6, 10),
+])
+def test_outputs_have_atens_layout(on_hopper, monkeypatch, make):
+    monkeypatch.setattr(launcher, "run_plan", lambda *args: None)
+    config.force = True  # tiny inputs
+    x = make()
+    for _ in range(2):  # the second call allocates from the plan's templates
+        assert eager.rms_norm_reason(x, [10]) is None
+        y, rstd = eager.rms_norm_forward(x, [10])
+        y_ref, rstd_ref = torch.ops.aten._fused_rms_norm(x.to("meta"), [10], None, None)
+        for got, want in ((y, y_ref), (rstd, rstd_ref)):
+            assert (got.shape, got.dtype, got.is_contiguous()) == (want.shape, want.dtype, True)
+            # the stride of a size-1 dim means nothing (ATen's meta keeps the input's there)
+            assert [s for s, n in zip(got.stride(), got.shape) if n > 1] == \
+                [s for s, n in zip(want.stride(), want.shape) if n > 1]
+        assert y.device == x.device == rstd.device
 
 
 @pytest.mark.parametrize("make, n, stride", [
@@ -130,3 +247,14 @@ def test_compiled_model_with_tilefly_enabled_still_runs():
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="aot_eager")
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_host_cost_benchmark_runs_on_cpu_and_restores_what_it_stubs(capsys):
+    from tilefly.ops.rms_norm import sweep
+
+    reason, stream = _device.hopper_reason, launcher._raw_stream
+    sweep.host_cost(repeats=1, calls=20)
+    out = capsys.readouterr().out
+    assert "predicate + op" in out and out.count("us per call") == 4
+    assert _device.hopper_reason is reason and launcher._raw_stream is stream
+    assert "get_device" not in torch.Tensor.__dict__ and eager._recent is None

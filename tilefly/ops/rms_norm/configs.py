@@ -2,7 +2,9 @@
 the candidates ``sweep.py`` tries on the GPU, what CI compiles (``compile_specs``) and what it
 runs in Triton's interpreter (``interpreter_checks``).
 
-Every number here is a first guess made without a GPU; the sweep on the H200 replaces them.
+Tuned on an H200 (torch 2.11, triton 3.6): ``TUNED`` holds the full sweep's winners for every
+row length of the rmsnorm suite; the rules in ``heuristic`` cover the rest and follow the same
+sweeps (see the constants' comments).
 """
 from __future__ import annotations
 
@@ -13,21 +15,26 @@ from tilefly._interpreter import numpy_compat
 
 ALIGNED, SPLIT, GENERIC = "aligned", "split", "generic"  # row layouts, see kernels.py
 
-# -- heuristic constants (first guesses, to be tuned on the H200 with sweep.py) --------------
-ONE_PASS_MAX_BLOCK = 16384   # longest row body kept in registers: 64 KB as FP32, 16 values/thread at 32 warps
+# -- heuristic constants, for rows TUNED does not list (H200 sweeps, see TUNED) ----------------
+ONE_PASS_MAX_BLOCK = 16384   # longest row body kept in registers by rule; TUNED adds FP32 rows of 32768
+                             # (1.25x / 1.55x over chunked), unmeasured for 16-bit (whose SPLIT tile
+                             # spills at 32768: scalar w loads need an address per element)
 ROW_TILE_ELEMS = 4096        # short rows are packed until a program holds this many elements
 MAX_ROWS = 128               # rows per program, cap
-ELEMS_PER_THREAD = 16        # values per thread in a tile: 2 (16-bit) or 4 (FP32) 16-byte vectors
-CHUNK_BYTES = 16384          # long rows: bytes of x per chunk (4096 FP32 or 8192 16-bit elements)
-CHUNK_STAGES = 3             # long rows: cp.async pipeline depth (2 chunks in flight per program)
-L2_FRIENDLY_ROW_BYTES = 128 * 1024  # long rows up to this size: 2 programs per SM, else 1
+ELEMS_PER_THREAD = 16        # values per thread in a rows tile: 2 (16-bit) or 4 (FP32) 16-byte vectors
+CHUNK_BYTES = 32768          # long rows: bytes of x per chunk; 32 KB at 16 warps won every aligned
+CHUNK_WARPS = 16             #   long-row sweep (FP16 65536/114688, FP32 65536/114688)
+CHUNK_STAGES = 3             # cp.async depth: 3 won 3 of those 4 (FP16 65536 took 1)
+CHUNK_PROGRAMS_PER_SM = 2    # 2 won every chunked case, even rows of 448 KB
 SPLIT_MIN_N = 64             # below this an unaligned row is a few scalars anyway: GENERIC
+MAX_SEGMENTS = 16            # segments kernel: CTAs per row, at most (forward progress, kernels.py)
 
 
 @dataclass(frozen=True)
 class Config:
-    kernel: str                # "rows" (row in registers, one pass) or "chunked" (two passes)
-    block: int                 # rows: BLOCK_N, power of two >= the row body; chunked: CHUNK
+    kernel: str                # "rows" (row in registers), "chunked" (two passes) or "segments"
+                               # (a row over several CTAs, each piece in registers; kernels.py)
+    block: int                 # rows: BLOCK_N, power of two >= the row body; chunked: CHUNK; segments: SEG
     rows: int = 1              # rows kernel: rows per program (power of two)
     num_warps: int = 8
     stages: int = 1            # chunked: software-pipeline depth of the chunk loops (1 = none)
@@ -37,6 +44,8 @@ class Config:
     def __str__(self) -> str:
         if self.kernel == "rows":
             text = f"rows[BLOCK_N={self.block},ROWS={self.rows},w={self.num_warps}]"
+        elif self.kernel == "segments":
+            text = f"segments[SEG={self.block},w={self.num_warps}]"
         else:
             text = (f"chunked[CHUNK={self.block},w={self.num_warps},stages={self.stages},"
                     f"per_sm={self.programs_per_sm}]")
@@ -63,18 +72,50 @@ def max_body(N: int, element_size: int, layout: str) -> int:
     return N // vec(element_size) * vec(element_size) if layout == SPLIT else N
 
 
+def segments(config: Config, N: int, element_size: int, layout: str) -> int:
+    """CTAs per row of the segments kernel: pieces of SEG elements covering the row body."""
+    return -(-max(max_body(N, element_size, layout), 1) // config.block)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-# Sweep winners, (element size, layout, power-of-two row body) -> Config; sweep.py prints
-# entries in this form. Empty until the first H200 sweep: the rules below decide.
-TUNED: dict[tuple[int, str, int], Config] = {}
+def row_block(N: int, element_size: int, layout: str) -> int:
+    """The power-of-two row body: TUNED's key beside element size and layout."""
+    return _pow2(max(max_body(N, element_size, layout), 1))
+
+
+# Sweep winners on the H200 (sweep.py, full candidate sweeps of the rmsnorm suite, L2 flushed),
+# (element size, layout, power-of-two row body) -> Config. The comment is the case it won and
+# its time; "=" marks a tie with the heuristic within the sweep's +-2% noise. FP16 and BF16 share
+# entries; where their sweeps disagreed (only (2, aligned, 4096): 37.9 vs 37.8 us, noise) the
+# pick keeps 16 values per thread, the per-thread load the LLM-shape sweep validated.
+TUNED: dict[tuple[int, str, int], Config] = {
+    (2, ALIGNED, 4096): Config("rows", 4096, 2, 16),                 # bf16 8192x4096    37.8 us
+    (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),                  # fp16 4096x8192    38.2 =
+    (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),                # fp16 2048x16384   39.0, bf16 38.6
+    (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),      # fp16 2048x65536  160.5
+    (2, ALIGNED, 131072): Config("chunked", 16384, 1, 16, 3, 2),     # fp16 2048x114688 306.9
+    (2, SPLIT, 4096): Config("rows", 4096, 1, 4),                    # fp16 8192x4097    44.2, bf16 43.5
+    (2, SPLIT, 8192): Config("rows", 8192, 1, 4),                    # fp16 4096x8193    47.5
+    (2, SPLIT, 16384): Config("chunked", 4096, 1, 16, 1, 2),         # fp16 2048x16385   55.9, bf16 56.6
+    (4, ALIGNED, 4096): Config("rows", 4096, 2, 4),                  # fp32 8192x4096    70.3 =
+    (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
+    (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
+    (4, ALIGNED, 32768): Config("rows", 32768, 1, 32),               # fp32 2048x32768  141.7
+    (4, ALIGNED, 65536): Config("chunked", 8192, 1, 16, 3, 2),       # fp32 2048x65536  350.6
+    (4, ALIGNED, 131072): Config("chunked", 8192, 1, 16, 3, 2),      # fp32 2048x114688 648.0
+    (4, SPLIT, 4096): Config("rows", 4096, 1, 4),                    # fp32 8192x4097    72.0 =
+    (4, SPLIT, 8192): Config("rows", 8192, 1, 4),                    # fp32 4096x8193    73.2
+    (4, SPLIT, 16384): Config("chunked", 8192, 1, 16, 1, 2),         # fp32 2048x16385   88.2
+    (4, SPLIT, 32768): Config("rows", 32768, 1, 16),                 # fp32 2048x32769  159.2
+}
 
 
 @functools.lru_cache(maxsize=1024)
 def heuristic(N: int, element_size: int, layout: str) -> Config:
-    block = _pow2(max(max_body(N, element_size, layout), 1))
+    block = row_block(N, element_size, layout)
     tuned = TUNED.get((element_size, layout, block))
     if tuned is not None:
         return tuned
@@ -82,41 +123,47 @@ def heuristic(N: int, element_size: int, layout: str) -> Config:
         rows = min(MAX_ROWS, max(1, ROW_TILE_ELEMS // block))
         warps = min(32, max(1, rows * block // (32 * ELEMS_PER_THREAD)))
         return Config("rows", block, rows, warps)
-    chunk = CHUNK_BYTES // element_size
-    warps = min(32, max(1, chunk // (32 * ELEMS_PER_THREAD)))
-    per_sm = 2 if N * element_size <= L2_FRIENDLY_ROW_BYTES else 1
-    return Config("chunked", chunk, 1, warps, CHUNK_STAGES, per_sm)
+    return Config("chunked", CHUNK_BYTES // element_size, 1, CHUNK_WARPS, CHUNK_STAGES, CHUNK_PROGRAMS_PER_SM)
 
 
 def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     """Raise ValueError for a config that cannot serve rows of N (used for sweep overrides)."""
     pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
-    if config.kernel not in ("rows", "chunked"):
+    if config.kernel not in ("rows", "chunked", "segments"):
         raise ValueError(f"unknown kernel {config.kernel!r}")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
         raise ValueError(f"{config}: BLOCK_N < the {layout} row body of N={N}")
-    if config.kernel == "chunked" and config.block < 2 * vec(element_size):
-        raise ValueError(f"{config}: CHUNK below two 16-byte vectors")
+    if config.kernel != "rows" and config.block < 2 * vec(element_size):
+        raise ValueError(f"{config}: CHUNK/SEG below two 16-byte vectors")
+    if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
+        raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
+                         f"segments, outside 2..{MAX_SEGMENTS}")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """The configs sweep.py times for rows of N (the heuristic's pick first)."""
     out = [heuristic(N, element_size, layout)]
-    block = _pow2(max(max_body(N, element_size, layout), 1))
+    block = row_block(N, element_size, layout)
     if block <= 2 * ONE_PASS_MAX_BLOCK:
         for rows in (1, 2, 4, 8, 16, 32, 64):
             for warps in (4, 8, 16, 32):
                 if 4 <= rows * block // (32 * warps) <= 64 and rows * block <= 32768:
                     out.append(Config("rows", block, rows, warps))
-    if block >= ONE_PASS_MAX_BLOCK:
+    if block >= ONE_PASS_MAX_BLOCK // 2:
         for chunk_bytes in (8192, 16384, 32768):
             chunk = chunk_bytes // element_size
             for warps in (4, 8, 16):
                 if 8 <= chunk // (32 * warps) <= 32:
                     out += [Config("chunked", chunk, 1, warps, stages, per_sm)
                             for stages in (1, 3) for per_sm in (1, 2)]
+        for seg in (4096, 8192, 16384, 32768):
+            for warps in (4, 8, 16, 32):
+                cfg = Config("segments", seg, 1, warps)
+                if 16 <= seg // (32 * warps) <= 64 and \
+                        2 <= segments(cfg, N, element_size, layout) <= MAX_SEGMENTS:
+                    out.append(cfg)
     if layout == SPLIT:  # plain masked loads instead, to check that SPLIT pays for itself
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     return list(dict.fromkeys(out))
@@ -126,6 +173,8 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 _TRITON_DTYPE = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 _ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
+_KERNEL_NAME = {"rows": "rms_norm_rows_kernel", "chunked": "rms_norm_chunked_kernel",
+                "segments": "rms_norm_segments_kernel"}
 
 
 def _kernel(name: str):
@@ -134,73 +183,116 @@ def _kernel(name: str):
     return getattr(kernels, name)
 
 
-def _spec(dtype: str, layout: str, config: Config, has_w: bool = True):
+def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, has_w: bool) -> dict:
+    """The constexpr arguments of ``config``'s kernel, in signature order (the launcher passes
+    them positionally to Triton's C launcher)."""
+    if config.kernel == "rows":
+        head = {"BLOCK_N": config.block, "ROWS": config.rows}
+    elif config.kernel == "chunked":
+        head = {"CHUNK": config.block, "STAGES": config.stages}
+    else:
+        head = {"SEG": config.block, "SEGMENTS": segments(config, N, element_size, layout)}
+    return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
+            "HAS_W": has_w}
+
+
+def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
     from tilefly.compile_check import KernelSpec
 
-    v = vec(_ELEMENT_SIZE[dtype])
     ptr = _TRITON_DTYPE[dtype]
     signature = {"X": ptr, "W": ptr, "Y": ptr, "RSTD": "*fp32", "M": "i32", "N": "i32",
                  "stride_row": "i32", "eps": "fp32"}
-    flags = {"V": v, "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT, "HAS_W": has_w}
-    if config.kernel == "rows":
-        name = "rms_norm_rows_kernel"
-        constexprs = {"BLOCK_N": config.block, "ROWS": config.rows, **flags}
-    else:
-        name = "rms_norm_chunked_kernel"
-        constexprs = {"CHUNK": config.block, "STAGES": config.stages, **flags}
+    pointers = [0, 1, 2, 3]
+    if config.kernel == "segments":
+        signature.update({"SYNC": "*i32", "PARTIAL": "*fp32"})
+        pointers += [8, 9]
+    constexprs = kernel_constexprs(config, N, _ELEMENT_SIZE[dtype], layout, has_w)
     signature.update({k: "constexpr" for k in constexprs})
     # Pointers 16-byte aligned as at run time (fresh outputs; ALIGNED/SPLIT need x aligned):
     # without it Triton compiles scalar accesses and the check would not see the real kernel.
-    extra = {"attrs": {(i,): [["tt.divisibility", 16]] for i in range(4)}}
+    extra = {"attrs": {(i,): [["tt.divisibility", 16]] for i in pointers}}
+    must = ()
     if layout != GENERIC:  # 16-byte global accesses: the point of ALIGNED and SPLIT
-        if config.kernel == "rows":
-            extra["sass_must_contain"] = ("LDG.E.128", "STG.E.128")
+        if config.kernel != "chunked":
+            must = ("LDG.E.128", "STG.E.128")
         elif config.stages > 1:  # pipelined: cp.async into shared memory, evict_first stores
-            extra["sass_must_contain"] = ("LDGSTS.E.BYPASS.128", "STG.E.EF.128")
+            must = ("LDGSTS.E.BYPASS.128", "STG.E.EF.128")
         else:
-            extra["sass_must_contain"] = ("STG.E.EF.128",)
-    return KernelSpec(f"rms_norm.{config.kernel}[{dtype},{layout},{config}{'' if has_w else ',no-w'}]",
-                      functools.partial(_kernel, name), signature, constexprs,
+            must = ("STG.E.EF.128",)
+    if config.kernel == "segments":  # the row sync: release/acquire atomics at GPU scope
+        must += ("ATOMG.E.ADD.STRONG.GPU", "MEMBAR.ALL.GPU")
+    if must:
+        extra["sass_must_contain"] = must
+    extra["max_local_bytes"] = _SPILLS_ALLOWED.get((dtype, layout, config), 0)
+    pieces = f",x{constexprs['SEGMENTS']}" if config.kernel == "segments" else ""
+    return KernelSpec(f"rms_norm.{config.kernel}[{dtype},{layout},{config}{pieces}{'' if has_w else ',no-w'}]",
+                      functools.partial(_kernel, _KERNEL_NAME[config.kernel]), signature, constexprs,
                       num_warps=config.num_warps, num_stages=max(config.stages, 1), **extra)
 
 
+# The FP32 SPLIT 32769 winner (159 us, against 247 for chunked) holds 64 values per thread plus
+# scalar w addresses and spills 24 bytes of stack: it is still the fastest measured, so allowed.
+_SPILLS_ALLOWED = {("fp32", SPLIT, TUNED[(4, SPLIT, 32768)]): 32}
+
+# Row lengths behind TUNED's keys (the suite's) and the rules' representatives.
+_SUITE_N = {ALIGNED: (4096, 8192, 16384, 32768, 65536, 114688), SPLIT: (4097, 8193, 16385, 32769)}
+
+
 def compile_specs():
-    """One spec per shipped (dtype, layout, kernel) with the heuristic's configs of the suite's
-    row lengths: 4096 and 16384 (rows kernel) and 65536 (chunked)."""
-    specs = []
-    for dtype, size in _ELEMENT_SIZE.items():
-        for layout in (ALIGNED, SPLIT):
-            n_short = 4096 if layout == ALIGNED else 4097
-            specs.append(_spec(dtype, layout, heuristic(n_short, size, layout)))
-            specs.append(_spec(dtype, layout, heuristic(65536 + (layout == SPLIT), size, layout)))
-        specs.append(_spec(dtype, ALIGNED, heuristic(16384, size, ALIGNED)))
-    specs.append(_spec("bf16", GENERIC, heuristic(127, 2, GENERIC), has_w=False))
-    specs.append(_spec("fp16", SPLIT, heuristic(4097, 2, SPLIT), has_w=False))
+    """Every TUNED config (FP16 for 2-byte keys, FP32 for 4-byte ones), the heuristic's rules
+    where TUNED is silent (packed short rows, chunked 16-bit rows of 32768 and rows of 262144),
+    BF16 and GENERIC and no-weight variants, and the segments kernel."""
+    specs, seen = [], set()
+
+    def add(dtype, layout, config, N, has_w=True):
+        spec = _spec(dtype, layout, config, N, has_w)
+        if spec.name not in seen:
+            seen.add(spec.name)
+            specs.append(spec)
+
+    for (size, layout, block), cfg in TUNED.items():
+        N = next(n for n in _SUITE_N[layout] if row_block(n, size, layout) == block)
+        add("fp16" if size == 2 else "fp32", layout, cfg, N)
+    add("bf16", ALIGNED, heuristic(4096, 2, ALIGNED), 4096)
+    add("bf16", ALIGNED, heuristic(2048, 2, ALIGNED), 2048)
+    add("bf16", ALIGNED, heuristic(32768, 2, ALIGNED), 32768)
+    add("bf16", ALIGNED, heuristic(262144, 2, ALIGNED), 262144)
+    add("fp32", SPLIT, heuristic(262145, 4, SPLIT), 262145)
+    add("bf16", GENERIC, heuristic(127, 2, GENERIC), 127, has_w=False)
+    add("fp16", SPLIT, heuristic(4097, 2, SPLIT), 4097, has_w=False)
+    add("fp32", ALIGNED, Config("segments", 16384, 1, 16), 114688)
+    add("fp16", SPLIT, Config("segments", 16384, 1, 16), 114689)
+    add("bf16", GENERIC, Config("segments", 8192, 1, 8), 40000, has_w=False)
     return specs
 
 
 def _interpreter_case(dtype_name: str, M: int, N: int, has_w: bool, config: Config | None,
-                      stride: int | None = None, eps: float | None = 1e-6) -> None:
-    """Run the launcher (TRITON_INTERPRET=1, CPU tensors) and compare with a float64 reference."""
+                      stride: int | None = None, eps: float | None = 1e-6, specials: bool = False) -> None:
+    """Run the launcher (TRITON_INTERPRET=1, CPU tensors) and compare with a float64 reference.
+    ``specials`` plants NaN, +inf and -inf in rows 0, 1 and 2 (M >= 3)."""
     import torch
 
-    from tilefly.ops.rms_norm import eager
+    from tilefly.ops.rms_norm import launcher
 
     numpy_compat()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
     gen = torch.Generator().manual_seed(M * 100003 + N)
     width = stride or N
     buf = torch.randn(M, width, generator=gen).to(dtype)
+    if specials:
+        buf[0, N // 3], buf[1, N // 2], buf[2, N - 1] = float("nan"), float("inf"), -float("inf")
     x = buf[:, :N]
     w = (torch.rand(N, generator=gen) + 0.5).to(dtype) if has_w else None
     y = torch.full((M, N), float("nan"), dtype=dtype)
     rstd = torch.full((M, 1), float("nan"))
-    eager.launch(x, w, y, rstd, eps, config=config)
+    launcher.launch(x, w, y, rstd, eps, config=config)
     ref_rstd = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + (1.1920928955078125e-07 if eps is None else eps))
     ref = x.double() * ref_rstd * (w.double() if has_w else 1.0)
     tol = {"fp16": 2e-3, "bf16": 1.6e-2, "fp32": 1e-5}[dtype_name]
-    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-5, atol=0)
-    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-5, atol=0, equal_nan=specials)
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol, equal_nan=specials)
+    if specials:  # rows with +-inf: rsqrt(inf) = 0, so y is 0 except NaN where x is infinite
+        assert rstd[1:3].eq(0).all() and y[1:3].isnan().sum() == 2, (rstd[:3], y[1:3].isnan().sum())
 
 
 def _interpreter_op_case(shape: tuple, n: int, dtype_name: str, has_w: bool, eps: float | None,
@@ -230,8 +322,9 @@ def _interpreter_op_case(shape: tuple, n: int, dtype_name: str, has_w: bool, eps
 
 
 def interpreter_checks():
-    """Small cases through both kernels and all three row layouts, each dtype, with and without
-    weight: N in {1, 7, 127, 4097} plus aligned rows and strided rows."""
+    """Small cases through all three kernels and all three row layouts, each dtype, with and
+    without weight: N in {1, 7, 127, 4097} plus aligned rows and strided rows; NaN/+-inf rows;
+    the segments kernel runs one thread per program (concurrent_interpreter)."""
     chunked = lambda chunk: Config("chunked", chunk, 1, 4, 2, 1)  # noqa: E731 - several chunks per row
     cases = []
     for dtype in ("fp16", "bf16", "fp32"):
@@ -242,8 +335,13 @@ def interpreter_checks():
         cases.append((f"rows-strided[{dtype},N=100,stride=131]", (dtype, 4, 100, True, None, 131)))
         cases.append((f"chunked-split[{dtype},N=4097]", (dtype, 3, 4097, True, chunked(512))))
         cases.append((f"chunked-aligned[{dtype},N=1024]", (dtype, 3, 1024, False, chunked(256))))
+        cases.append((f"segments-split[{dtype},N=1001]", (dtype, 3, 1001, True, Config("segments", 256, 1, 4))))
+        cases.append((f"segments-aligned[{dtype},N=1024,no-w]", (dtype, 2, 1024, False, Config("segments", 128, 1, 4))))
     cases.append(("chunked-strided[fp32,N=300,stride=301]", ("fp32", 3, 300, True, chunked(64), 301)))
+    cases.append(("segments-strided[fp32,N=300,stride=301]", ("fp32", 3, 300, True, Config("segments", 64, 1, 4), 301)))
     cases.append(("rows-no-split[fp16,N=127]", ("fp16", 4, 127, True, Config("rows", 128, 2, 4, split=False))))
+    for kernel, cfg in (("rows", None), ("chunked", chunked(256)), ("segments", Config("segments", 256, 1, 4))):
+        cases.append((f"nan-inf-{kernel}[bf16,N=1001,eps=0]", ("bf16", 4, 1001, True, cfg, None, 0.0, True)))
     checks = [(name, functools.partial(_interpreter_case, *args)) for name, args in cases]
     op_cases = [
         ("op[1-D,fp32]", ((300,), 1, "fp32", True, 1e-5)),

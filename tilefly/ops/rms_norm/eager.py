@@ -14,20 +14,37 @@ Eligibility (``rms_norm_reason``; None = served, else a one-line reason and ATen
 |   leading dims one uniform row stride < 2**31 (contiguous, |                                        |
 |   row slices ``x[..., :k]`` of a wider buffer, expanded    |                                        |
 |   rows); M < 2**31 rows                                    |                                        |
-| performance band: input >= MIN_SERVED_BYTES                | ATen: launch cost dominates            |
-|   (skipped with ``tilefly.config.force``)                  |                                        |
+| performance band: input >= MIN_SERVED_BYTES                | ATen (skipped with                     |
+|                                                            |   ``tilefly.config.force``)            |
 
 Outputs are ATen's: ``y`` contiguous in the input's dtype and shape, ``rstd`` FP32 contiguous,
 shaped ``input.shape[:-n] + [1] * n``; ``eps=None`` means FP32 epsilon (ATen's choice for every
 served dtype, whose accumulation type is FP32); an input with no rows returns empty outputs.
 The backward is ATen's: autograd calls ``_fused_rms_norm_backward`` with this ``rstd``.
 
+Non-finite inputs follow the float64 reference: a row holding NaN gives NaN rstd and y; a row
+holding +-inf (no NaN) gives rstd = rsqrt(inf) = 0, so y is NaN where x is infinite (inf * 0)
+and 0 elsewhere in the row; every kernel and row layout here computes it the same way. ATen
+does not answer consistently: on the H200 (torch 2.11) it agreed with this for N = 4096 and
+disagreed on the +-inf rows for N = 4097 and 65537 (one side NaN), which points at its kernel
+for N off the vector width (a Welford-style update can form inf - inf). So tests check +-inf
+rows against float64 and compare with ATen only on the other rows.
+
 Eager only: under ``torch.compile`` Inductor decomposes ``_fused_rms_norm`` into its own fused
 kernel and never reaches this override (a compiled model with tilefly enabled runs unchanged).
 
-Launch cost: the first call per (device, dtype, N, row layout, alignment, config) goes through
-Triton's JIT and keeps the compiled kernel; later calls check the same key and call its
-launcher directly with raw pointers (no argument binding, no custom_op).
+Host path. Everything the predicate and the launch derive from the input's metadata is kept in
+a ``Plan`` per (shape, strides, dtype, device, weight shape/strides/dtype/device). The last new
+CUDA key also gets a C++ tensor guard (the one Dynamo uses: dtype, device, sizes, strides,
+dispatch keys), so a call repeating it (every RMSNorm of a decode step) costs one guard check;
+other calls build the key and look it up. A served predicate hands its plan to the op through
+``_pending`` (checked by identity: a call from elsewhere rebuilds), and the op does two
+empty_like allocations and one call of Triton's C launcher (launcher.run_plan).
+Per call on the 2-core CPU box, CPU tensors taking the CUDA branch, launch stubbed
+(``python -m tilefly.ops.rms_norm.sweep --host``; before: the first version of this file):
+predicate 2.69 -> 0.38 us (0.74 when the guard misses), op 6.4 -> 2.96 us (1.75 of it the two
+allocations), predicate + op 9.1 -> 3.4-3.7 us. The router's own cost (torch boxing the call into
+Python and back, ~4 us there) comes on top, served or declined.
 """
 from __future__ import annotations
 
@@ -36,16 +53,173 @@ import math
 import torch
 
 from tilefly import _device, config
-from tilefly.ops.rms_norm import configs
+from tilefly.ops.rms_norm import launcher
 
 SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_N = 1 << 24                  # FP32 holds N exactly, so sum/N is ATen's mean
 MAX_INT32 = (1 << 31) - 1        # rows and row stride stay 32-bit kernel arguments
-FLOAT32_EPS = torch.finfo(torch.float32).eps
+FLOAT32_EPS = launcher.FLOAT32_EPS
 
-# Performance band, a first guess to be tuned on the H200 (sweep.py prints ATen beside tilefly):
-# below this many input bytes both kernels take ~2-3 us and the launch path decides.
-MIN_SERVED_BYTES = 1 << 20
+# Performance band, from the H200 sweep of the LLM shapes (BF16, tokens 1..32768 x hidden
+# 2048..8192, L2 flushed): tilefly's device time is below ATen's at every one, down to the
+# smallest, 1 x 2048 (4 KB: 4.9 vs 8.1 us). So the band is not about device time: it is the
+# smallest input measured, and smaller inputs (no data) stay on ATen. What a decode loop that
+# is bound by host time pays is mostly the router (torch boxing the call into Python), paid
+# whether the predicate serves or declines, so a wider band would not help it; what helps is
+# a cheap predicate and op (see Host path above), and CUDA graphs for such loops.
+MIN_SERVED_BYTES = 4096
+MAX_PLANS = 4096                 # plans kept; the cache is cleared when full (shapes churn)
+
+
+class Plan:
+    """What one (shape, strides, dtype, device, weight) key needs: the eligibility verdict and,
+    when served, the [M, N] row view, output templates and the launcher's cached entry."""
+
+    __slots__ = ("reason", "band", "norm", "M", "N", "stride", "index", "guard", "y_like",
+                 "rstd_like", "rstd_shape", "fast")
+
+    def __init__(self, reason=None):
+        self.reason, self.band, self.fast, self.norm = reason, None, None, None
+
+
+_plans: dict = {}
+_pending = None   # (input, normalized_shape, weight, plan) of the last served predicate call
+_recent = None    # (guard, weight is None, plan) of the last CUDA call served from a new key
+
+
+def _guard_of(*tensors):
+    """A C++ check that tensors have these tensors' dtype, device, sizes, strides and dispatch
+    keys (what Dynamo guards with), ~0.15 us for two; None where this torch lacks it."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+    except Exception:  # noqa: BLE001 - a private torch API: without it the dict lookup serves
+        return None
+
+
+def rms_norm_reason(input, normalized_shape, weight=None, eps=None) -> str | None:
+    global _pending, _recent
+    recent = _recent
+    if (recent is not None and (weight is None) is recent[1]
+            and (recent[0].check(input) if weight is None else recent[0].check(input, weight))
+            and (normalized_shape == recent[2].norm or list(normalized_shape) == recent[2].norm)):
+        plan = recent[2]  # the metadata of the last new CUDA key again: decode loops stay here
+    else:
+        index = input.get_device()
+        if index < 0:  # not CUDA: the device check answers (tests mock it to reach the rest on meta)
+            reason = _device.hopper_reason(input)
+            if reason is not None:
+                return reason
+            index = (input.device, None if weight is None else weight.device)
+        if weight is None:
+            key = (input.shape, input.stride(), input.dtype, index)
+        else:  # weight.get_device(): -1 for CPU and meta alike (either declined beside a CUDA input)
+            key = (input.shape, input.stride(), input.dtype, index, weight.shape, weight.stride(),
+                   weight.dtype, weight.get_device())
+        plan = _plans.get(key)
+        if plan is None or (normalized_shape != plan.norm and list(normalized_shape) != plan.norm):
+            plan = _new_plan(key, input, normalized_shape, weight)  # the key leaves normalized_shape out
+            if plan.reason is None and index.__class__ is int:
+                guard = _guard_of(input) if weight is None else _guard_of(input, weight)
+                _recent = None if guard is None else (guard, weight is None, plan)
+    if plan.reason is not None:
+        return plan.reason
+    if plan.band is not None and not config.force:
+        return plan.band
+    _pending = (input, normalized_shape, weight, plan)
+    return None
+
+
+def rms_norm_forward(input, normalized_shape, weight=None, eps=None, *, kernel_config=None):
+    """``aten::_fused_rms_norm`` for inputs ``rms_norm_reason`` accepts: returns (y, rstd).
+    ``kernel_config`` (a configs.Config) overrides the heuristic."""
+    global _pending
+    pending, _pending = _pending, None
+    if (pending is not None and pending[0] is input and pending[1] is normalized_shape
+            and pending[2] is weight and kernel_config is None):
+        plan = pending[3]
+    else:  # not straight from the router's predicate
+        plan = _build_plan(input, normalized_shape, weight)
+        if plan.reason is not None:
+            raise ValueError(f"rms_norm_forward: {plan.reason}")
+    if plan.M == 0:
+        return (torch.empty_like(input, memory_format=torch.contiguous_format),
+                torch.empty(plan.rstd_shape, dtype=torch.float32, device=input.device))
+    y = torch.empty_like(input) if plan.y_like else torch.empty_like(input, memory_format=torch.contiguous_format)
+    rstd = torch.empty_like(plan.rstd_like)
+    eps = FLOAT32_EPS if eps is None else eps
+    if kernel_config is None:
+        launcher.run_plan(plan, input, weight, y, rstd, eps)
+    else:
+        launcher.launch_rows(input, weight, y, rstd, plan.M, plan.N, plan.stride, eps, kernel_config)
+    return y, rstd
+
+
+def _new_plan(key, input, normalized_shape, weight) -> Plan:
+    if len(_plans) >= MAX_PLANS:
+        _plans.clear()
+    plan = _plans[key] = _build_plan(input, normalized_shape, weight)
+    return plan
+
+
+def _build_plan(input, normalized_shape, weight) -> Plan:
+    """Every check of the eligibility table except the device's, and the launch facts."""
+    plan = _check(input, normalized_shape, weight)
+    plan.norm = list(normalized_shape)
+    return plan
+
+
+def _check(input, normalized_shape, weight) -> Plan:
+    dtype = input.dtype
+    if dtype not in SERVED_DTYPES:
+        return Plan(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+    norm = list(normalized_shape)
+    n = len(norm)
+    shape = input.shape
+    if n == 0 or n > len(shape) or list(shape[len(shape) - n:]) != norm:
+        return Plan(f"normalized_shape {norm} is not the trailing dims of input {list(shape)}")
+    if weight is not None:
+        if weight.dtype != dtype:
+            return Plan(f"weight dtype {weight.dtype} differs from input dtype {dtype}")
+        if weight.device != input.device:
+            return Plan(f"weight is on {weight.device}, input on {input.device}")
+        if list(weight.shape) != norm:
+            return Plan(f"weight shape {list(weight.shape)} is not normalized_shape {norm}")
+        if not weight.is_contiguous():
+            return Plan("weight is not contiguous")
+    N = math.prod(norm)
+    if not 1 <= N <= MAX_N:
+        return Plan(f"row length N={N} outside 1..{MAX_N}")
+    stride = N if input.is_contiguous() else row_stride(input, n)
+    if stride is None:
+        return Plan("input rows are not one contiguous block at a uniform row stride (ATen copies first)")
+    numel = input.numel()
+    if numel // N > MAX_INT32 or stride > MAX_INT32:
+        return Plan("more than 2**31 rows or a row stride beyond 2**31 elements")
+
+    plan = Plan()
+    nbytes = numel * input.element_size()
+    if nbytes < MIN_SERVED_BYTES:
+        plan.band = f"input of {nbytes} bytes < {MIN_SERVED_BYTES}: launch-bound, ATen is as fast"
+    plan.M, plan.N, plan.stride = numel // N, N, stride
+    plan.index = input.get_device()
+    plan.guard = plan.index >= 0 and torch.cuda.device_count() > 1
+    plan.y_like = input.stride() == _contiguous_strides(shape)
+    plan.rstd_shape = tuple(shape[:len(shape) - n]) + (1,) * n
+    if plan.M:
+        # empty_like of a one-element tensor expanded to rstd's shape allocates it contiguous,
+        # without parsing a shape (about half the host time of torch.empty(shape, ...)).
+        plan.rstd_like = torch.empty(1, dtype=torch.float32, device=input.device).expand(plan.rstd_shape)
+    return plan
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def row_stride(x: torch.Tensor, n: int) -> int | None:
@@ -68,127 +242,3 @@ def row_stride(x: torch.Tensor, n: int) -> int | None:
             return None
         rows_inside *= size
     return n_elems if row is None else row
-
-
-def rms_norm_reason(input, normalized_shape, weight=None, eps=None) -> str | None:
-    reason = _device.hopper_reason(input)
-    if reason is not None:
-        return reason
-    dtype = input.dtype
-    if dtype not in SERVED_DTYPES:
-        return f"dtype {dtype} is not served (float16, bfloat16, float32)"
-    n = len(normalized_shape)
-    shape = input.shape
-    if n == 0 or n > len(shape) or tuple(shape[len(shape) - n:]) != tuple(normalized_shape):
-        return f"normalized_shape {list(normalized_shape)} is not the trailing dims of input {list(shape)}"
-    if weight is not None:
-        if weight.dtype != dtype:
-            return f"weight dtype {weight.dtype} differs from input dtype {dtype}"
-        if weight.device != input.device:
-            return f"weight is on {weight.device}, input on {input.device}"
-        if tuple(weight.shape) != tuple(normalized_shape):
-            return f"weight shape {list(weight.shape)} is not normalized_shape {list(normalized_shape)}"
-        if not weight.is_contiguous():
-            return "weight is not contiguous"
-    N = math.prod(normalized_shape)
-    if not 1 <= N <= MAX_N:
-        return f"row length N={N} outside 1..{MAX_N}"
-    if input.is_contiguous():
-        stride = N
-    else:
-        stride = row_stride(input, n)
-        if stride is None:
-            return "input rows are not one contiguous block at a uniform row stride (ATen copies first)"
-    numel = input.numel()
-    if numel // N > MAX_INT32 or stride > MAX_INT32:
-        return "more than 2**31 rows or a row stride beyond 2**31 elements"
-    if not config.force and numel * input.element_size() < MIN_SERVED_BYTES:
-        return f"input of {numel * input.element_size()} bytes < {MIN_SERVED_BYTES}: launch-bound, ATen is as fast"
-    return None
-
-
-def rms_norm_forward(input, normalized_shape, weight=None, eps=None, *, kernel_config=None):
-    """``aten::_fused_rms_norm`` for inputs ``rms_norm_reason`` accepts: returns (y, rstd).
-    ``kernel_config`` (a configs.Config) overrides the heuristic."""
-    n = len(normalized_shape)
-    shape = input.shape
-    N = math.prod(normalized_shape)
-    y = torch.empty_like(input, memory_format=torch.contiguous_format)
-    rstd = input.new_empty(shape[:len(shape) - n] + (1,) * n, dtype=torch.float32)
-    M = input.numel() // N
-    if M:
-        stride = N if input.is_contiguous() else row_stride(input, n)
-        _launch(input, weight, y, rstd, M, N, stride, FLOAT32_EPS if eps is None else eps, kernel_config)
-    return y, rstd
-
-
-def launch(x: torch.Tensor, weight, y: torch.Tensor, rstd: torch.Tensor, eps, config=None) -> None:
-    """Normalize the rows of a 2-D ``x`` ([M, N], unit column stride) into contiguous ``y`` and
-    ``rstd`` (M floats). ``config`` overrides the heuristic (sweep.py, tests)."""
-    M, N = x.shape
-    if x.stride(1) != 1 and N > 1:
-        raise ValueError("launch: x needs unit column stride")
-    if M:
-        _launch(x, weight, y, rstd, M, N, x.stride(0) if M > 1 else N,
-                FLOAT32_EPS if eps is None else eps, config)
-
-
-# Compiled kernels by everything Triton specialized them on (pointer alignment, N and the row
-# stride's divisibility by 16 and equality to 1) plus layout and config. M is never specialized.
-_compiled: dict = {}
-_knobs = None
-
-
-def _launch(x, w, y, rstd, M, N, stride, eps, cfg) -> None:
-    x_ptr = x.data_ptr()
-    w_ptr = x_ptr if w is None else w.data_ptr()
-    y_ptr, rstd_ptr = y.data_ptr(), rstd.data_ptr()
-    layout = configs.row_layout(N, stride, x_ptr % 16 == 0, x.element_size(), cfg is None or cfg.split)
-    device = x.device
-    key = (device, x.dtype, N, layout, stride % 16 == 0, stride == 1, w is None, w_ptr % 16 == 0,
-           (y_ptr | rstd_ptr) % 16 == 0, cfg)
-    entry = _compiled.get(key)
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
-        # A Python kernel gets no device guard from the dispatcher; Triton launches on the current one.
-        with torch.cuda.device(device):
-            _launch(x, w, y, rstd, M, N, stride, eps, cfg)
-        return
-    if entry is None or getattr(_knobs.runtime.launch_enter_hook, "calls", None):
-        _jit_launch(key, layout, x, w, y, rstd, M, N, stride, float(eps), cfg)
-        return
-    compiled, constexprs, rows_per_program, programs = entry
-    grid = min(M, programs) if programs else (M + rows_per_program - 1) // rows_per_program
-    compiled.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device.index), compiled.function,
-                 compiled.packed_metadata, None, None, None,
-                 x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, stride, float(eps), *constexprs)
-
-
-def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg) -> None:
-    """First launch of a key (or a launch with Triton hooks set): Triton's JIT binds, compiles and
-    launches; the compiled kernel is kept for the fast path."""
-    global _knobs
-    import triton
-
-    from tilefly.ops.rms_norm import kernels
-
-    _knobs = triton.knobs
-    size = x.element_size()
-    cfg_ = cfg or configs.heuristic(N, size, layout)
-    configs.validate(cfg_, N, size, layout)
-    flags = {"V": configs.vec(size), "ALIGNED": layout == configs.ALIGNED,
-             "SPLIT": layout == configs.SPLIT, "HAS_W": w is not None}
-    if cfg_.kernel == "rows":
-        kernel = kernels.rms_norm_rows_kernel
-        constexprs = {"BLOCK_N": cfg_.block, "ROWS": cfg_.rows, **flags}
-        rows_per_program, programs = cfg_.rows, 0
-        grid = triton.cdiv(M, cfg_.rows)
-    else:
-        kernel = kernels.rms_norm_chunked_kernel
-        constexprs = {"CHUNK": cfg_.block, "STAGES": cfg_.stages, **flags}
-        rows_per_program = 1
-        programs = (_device.sm_count(x) if x.is_cuda else 4) * cfg_.programs_per_sm
-        grid = min(M, programs)
-    compiled = kernel[(grid,)](x, x if w is None else w, y, rstd, M, N, stride, eps,
-                               num_warps=cfg_.num_warps, num_stages=cfg_.stages, **constexprs)
-    if x.is_cuda and hasattr(compiled, "packed_metadata"):  # not under TRITON_INTERPRET
-        _compiled[key] = (compiled, tuple(constexprs.values()), rows_per_program, programs)

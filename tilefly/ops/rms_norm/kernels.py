@@ -37,9 +37,54 @@ rms_norm_chunked_kernel -- rows too long for registers (two passes, the second f
   most recently brought into L2, and writes y marked evict_first. Few programs per SM keep the
   rows in flight (programs x row bytes) small next to the 50 MB L2.
 
-Both kernels read rows at ``row * stride_row`` and write y contiguous (row * N), store one FP32
+rms_norm_segments_kernel -- long rows read from DRAM exactly once (one pass, several CTAs a row).
+  Why: the chunked kernel's second pass is meant to hit L2, but 264 programs x a 224-448 KB row
+  is 60-120 MB in flight against a 50 MB L2, so much of the re-read comes from DRAM (measured
+  2.9-3.4 TB/s on rows of 128-448 KB, the issue asks 3.5). Here a row of N is cut into SEGMENTS
+  pieces of SEG elements (SEG * SEGMENTS >= the row body) and each piece goes to its own CTA,
+  which keeps its piece in registers exactly like the rows kernel ([SEG] tile, 16-byte runs per
+  thread): load, sum of squares, publish the partial, wait for the row's other pieces,
+  normalize from registers, store.
+  Work split: grid = M * SEGMENTS. A CTA takes a ticket from an atomic counter when it starts
+  (not its program id) and serves piece ticket % SEGMENTS of row ticket // SEGMENTS.
+  Cross-CTA reduction, through a zeroed int32 workspace SYNC[1 + M] and FP32 PARTIAL[M, SEGMENTS]:
+    store PARTIAL[row, piece]; bar.sync; atom.add.acq_rel.gpu SYNC[1 + row] += 1, then poll it
+    (an acquire atomic add of 0, which Triton emits as ld.acquire.gpu) until it reads SEGMENTS;
+    bar.sync; every CTA of the row sums PARTIAL[row, 0..SEGMENTS) in the same order (.cg loads),
+    so all pieces share one bitwise rstd. This is the CUDA cooperative-groups grid-sync pattern:
+    the barrier before the release orders the partial store (whichever thread made it) before
+    the counter update; the SASS check looks for ATOMG.E.ADD.STRONG.GPU and MEMBAR.ALL.GPU.
+    SYNC is zeroed per launch (one memset, a few us against the >= 100 us these rows take).
+  Forward progress without a cooperative launch: tickets go out in the order CTAs start, and a
+  CTA waits only for the other pieces of its own row. Every row below the newest ticket's row
+  has all its pieces started (resident or finished), so only the newest row can wait on CTAs
+  that have not started, i.e. at most SEGMENTS - 1 resident CTAs are blocked on unstarted ones.
+  Whenever the GPU holds at least SEGMENTS of these CTAs at once (configs cap SEGMENTS at 16;
+  an H200 holds >= 132) some resident CTA can finish or a slot is free: no deadlock. A polling
+  bound (MAX_POLLS, seconds of polling) turns a broken assumption (e.g. MPS with < SEGMENTS
+  CTA slots) into NaN rows instead of a hung GPU.
+  Bandwidth argument: DRAM traffic is the rows kernel's (x once, y once, w from L2), and per CTA
+  the footprint is the rows kernel's at BLOCK_N = SEG, which measured 3.6-3.8 TB/s on FP32 rows
+  of 16-32K. What is added is latency per CTA: the ticket atomic and the row sync, ~1-2 us of
+  L2 round trips. With 2 CTAs per SM (SEG=16384 FP32 at 16 warps: 32 values per thread, 62
+  registers) each SM holds 128 KB of loads in flight, ~4x what covers DRAM latency at 4 TB/s
+  (30 KB/us per SM x ~1 us), so one CTA's wait overlaps the other's loads. Expected >= 3.5 TB/s
+  on the 128-448 KB rows where chunked gets 2.9-3.4; sweep.py times it as a candidate, and
+  TUNED takes it only once measured faster.
+  Testing on CPU: Triton's interpreter runs programs one after another, which would deadlock
+  the wait; interpreter checks run this kernel under ``concurrent_interpreter`` (one thread per
+  program), which checks the protocol, not the GPU memory model.
+
+All kernels read rows at ``row * stride_row`` and write y contiguous (row * N), store one FP32
 rstd per row, and take M unspecialized (the launcher caches each compiled kernel under
 everything else Triton specializes on).
+
+Next step for SPLIT rows (2.4-3.1 TB/s at N = 4097-16385, against 3.5-3.8 aligned): their w loads
+are scalar, 8 (16-bit) or 4 (FP32) load instructions per 16-byte x vector, so the SMs' load
+issue, not DRAM, likely bounds them. The body of a SPLIT row starts at column c0 = (-s) mod V,
+one of V values. With V shifted copies of w (copy k = w[k:], each 16-byte aligned; V x N
+elements, L2-resident, cached per weight storage and ``_version``) the body reads w from copy c0
+with 16-byte loads like x. Needs a per-weight cache in the launcher and a W_SHIFTED pointer.
 """
 import triton
 import triton.language as tl
@@ -173,3 +218,72 @@ def rms_norm_chunked_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                 ye = ye * tl.load(W + (e_pos - s), mask=e_mask, other=0.0).to(tl.float32)
             tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
         row += tl.num_programs(0)
+
+
+# Polls of a row's arrival counter before a segments CTA gives up (~1 us each on an H200: a few
+# seconds, far beyond any legitimate wait) and writes NaN rather than hanging the GPU.
+MAX_POLLS = tl.constexpr(1 << 22)
+
+
+@triton.jit(do_not_specialize=["M"])
+def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL,
+                             SEG: tl.constexpr, SEGMENTS: tl.constexpr, V: tl.constexpr,
+                             ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
+    ticket = tl.atomic_add(SYNC, 1, sem="relaxed")
+    row = ticket // SEGMENTS
+    piece = ticket % SEGMENTS
+    r64 = row.to(tl.int64)
+    if ALIGNED:
+        s = r64 * (stride_row // V * V)
+        body_start = s
+        body_len = N // V * V
+        y_start = r64 * (N // V * V)
+    elif SPLIT:
+        s = r64 * stride_row
+        body_start = (s + V - 1) // V * V
+        body_len = (s + N) // V * V - body_start
+        y_start = body_start
+    else:
+        s = r64 * stride_row
+        body_start = s
+        body_len = N
+        y_start = r64 * N
+
+    cols = piece * SEG + tl.arange(0, SEG)
+    mask = cols < body_len
+    x = tl.load(X + body_start + cols, mask=mask, other=0.0).to(tl.float32)
+    partial = tl.sum(x * x, axis=0)
+    if SPLIT:  # piece 0 owns the head and tail
+        e_pos, e_mask = _edge_lanes(s, body_start, body_len, N, V)
+        e_mask = e_mask & (piece == 0)
+        xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
+        partial += tl.sum(xe * xe, axis=0)
+    tl.store(PARTIAL + r64 * SEGMENTS + piece, partial)
+
+    tl.debug_barrier()
+    arrived = tl.atomic_add(SYNC + 1 + row, 1, sem="acq_rel", scope="gpu") + 1
+    polls = 0
+    while (arrived < SEGMENTS) & (polls < MAX_POLLS):
+        arrived = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
+        polls += 1
+    tl.debug_barrier()
+    sumsq = tl.load(PARTIAL + r64 * SEGMENTS, cache_modifier=".cg")
+    for k in tl.static_range(1, SEGMENTS):
+        sumsq += tl.load(PARTIAL + r64 * SEGMENTS + k, cache_modifier=".cg")
+    rstd = tl.math.rsqrt(sumsq / N + eps)
+    rstd = tl.where(arrived >= SEGMENTS, rstd, float("nan"))
+    tl.store(RSTD + row, rstd, mask=piece == 0)
+
+    y = x * rstd
+    if HAS_W:
+        if SPLIT:
+            w = tl.load(W + (body_start - s) + cols, mask=mask, other=0.0)
+        else:
+            w = tl.load(W + cols, mask=mask, other=0.0)
+        y = y * w.to(tl.float32)
+    tl.store(Y + y_start + cols, y.to(Y.dtype.element_ty), mask=mask)
+    if SPLIT:
+        ye = xe * rstd
+        if HAS_W:
+            ye = ye * tl.load(W + (e_pos - s), mask=e_mask, other=0.0).to(tl.float32)
+        tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)

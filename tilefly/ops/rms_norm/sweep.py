@@ -5,6 +5,7 @@
     python -m tilefly.ops.rms_norm.sweep --quick          # ATen and the heuristic only
     python -m tilefly.ops.rms_norm.sweep --case fp32,2048 # cases whose label contains the text
     python -m tilefly.ops.rms_norm.sweep --overhead       # eager per-call cost, tiny input
+    python -m tilefly.ops.rms_norm.sweep --host           # CPU only: predicate and op host cost
 
 Per case: ATen's ``_fused_rms_norm``, the heuristic's config and the fastest candidate
 (``configs.candidates``), each the median of ``triton.testing.do_bench`` with L2 flushed before
@@ -18,14 +19,15 @@ import argparse
 import csv
 import importlib.resources
 import math
-
 import time
+import types
 
 import torch
 import torch.nn.functional as F
 
 import tilefly
-from tilefly.ops.rms_norm import configs, eager
+from tilefly import _device
+from tilefly.ops.rms_norm import configs, eager, launcher
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 LLM_TOKENS = (1, 16, 128, 1024, 8192, 32768)
@@ -63,9 +65,9 @@ def sweep_case(dtype: str, M: int, N: int, quick: bool) -> dict:
     todo = [configs.heuristic(N, size, layout)] + ([] if quick else configs.candidates(N, size, layout))
     for cfg in dict.fromkeys(todo):
         try:
-            eager.launch(x, w, y, rstd, 1e-6, cfg)
+            launcher.launch(x, w, y, rstd, 1e-6, cfg)
             torch.testing.assert_close(y, expected, rtol=2e-2, atol=2e-2)
-            result[cfg] = bench_us(lambda: eager.launch(x, w, y, rstd, 1e-6, cfg))
+            result[cfg] = bench_us(lambda: launcher.launch(x, w, y, rstd, 1e-6, cfg))
         except Exception as exc:  # noqa: BLE001 - a config that does not fit is skipped, not fatal
             print(f"    skip {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     result["layout"], result["heuristic"] = layout, configs.heuristic(N, size, layout)
@@ -86,15 +88,77 @@ def per_call_us(fn, calls: int = 2000) -> float:
 
 
 def overhead() -> None:
+    """Back-to-back F.rms_norm on 1 x 4096 BF16: ATen alone, tilefly serving it, and tilefly
+    declining it (the band raised above it for the measurement): router + predicate + ATen."""
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     call = lambda: F.rms_norm(x, (4096,), w, 1e-6)  # noqa: E731
     print(f"F.rms_norm on 1x4096 bf16, per call: ATen {per_call_us(call):.1f} us", end="")
+    band = eager.MIN_SERVED_BYTES
     with tilefly.enabled("rms_norm"):
-        tilefly.config.force = True
         print(f", tilefly {per_call_us(call):.1f} us", end="")
-        tilefly.config.force = False
-        print(f", tilefly declining (band) {per_call_us(call):.1f} us")
+        eager.MIN_SERVED_BYTES = 1 << 40
+        eager._plans.clear()
+        eager._recent = None
+        try:
+            print(f", tilefly declining (band) {per_call_us(call):.1f} us")
+        finally:
+            eager.MIN_SERVED_BYTES = band
+            eager._plans.clear()
+            eager._recent = None
+
+
+def host_cost(repeats: int = 5, calls: int = 50000) -> None:
+    """Host time per call of the predicate and of the op on a 1 x 4096 BF16 input, with the device
+    check answering "sm_90", CPU tensors taking the CUDA branch (device index 0) and a no-op in
+    place of Triton's C launcher: what the family's Python costs, on a CPU-only machine (best of
+    ``repeats`` loops of ``calls``)."""
+    x, x2 = torch.randn(1, 4096, dtype=torch.bfloat16), torch.randn(2, 4096, dtype=torch.bfloat16)
+    w = torch.randn(4096, dtype=torch.bfloat16)
+    norm = [4096]
+    saved = _device.hopper_reason, launcher._raw_stream, launcher._hooks, torch.Tensor.__dict__.get("get_device")
+    _device.hopper_reason = lambda t: None
+    torch.Tensor.get_device = lambda self: 0
+    launcher._raw_stream = lambda index: 0
+    launcher._hooks = types.SimpleNamespace(calls=[])
+    try:
+        for t in (x2, x):  # x last: its metadata is the recent guard's
+            assert eager.rms_norm_reason(t, norm, w, 1e-6) is None, "BF16 rows of 4096 must be served"
+            plan = eager._pending[3]
+            plan.fast = (lambda *args: None, 1, 0, False, False, (8, 1, 0), plan.M, plan.N, plan.stride,
+                         (4096, 2, 8, True, False, True))
+
+        def op():
+            eager._pending = (x, norm, w, plan)
+            eager.rms_norm_forward(x, norm, w, 1e-6)
+
+        def served():
+            if eager.rms_norm_reason(x, norm, w, 1e-6) is None:
+                eager.rms_norm_forward(x, norm, w, 1e-6)
+
+        def alternating():  # the recent guard misses every call: the dict lookup decides
+            eager.rms_norm_reason(x2, norm, w, 1e-6)
+            eager.rms_norm_reason(x, norm, w, 1e-6)
+
+        for label, fn, per in (("predicate", lambda: eager.rms_norm_reason(x, norm, w, 1e-6), 1),
+                               ("predicate, shapes alternating", alternating, 2),
+                               ("op (launch stubbed)", op, 1),
+                               ("predicate + op (launch stubbed)", served, 1)):
+            best = math.inf
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best = min(best, (time.perf_counter() - start) / calls / per * 1e6)
+            print(f"{label:<34} {best:6.2f} us per call")
+    finally:
+        _device.hopper_reason, launcher._raw_stream, launcher._hooks = saved[:3]
+        if saved[3] is None:
+            del torch.Tensor.get_device
+        else:
+            torch.Tensor.get_device = saved[3]
+        eager._plans.clear()
+        eager._recent = eager._pending = None
 
 
 def main(argv=None) -> None:
@@ -103,9 +167,13 @@ def main(argv=None) -> None:
     parser.add_argument("--case", default="", help="only cases whose 'dtype,m,n' label contains this")
     parser.add_argument("--quick", action="store_true", help="time ATen and the heuristic only")
     parser.add_argument("--overhead", action="store_true", help="only the eager per-call cost")
+    parser.add_argument("--host", action="store_true", help="CPU only: predicate and op host cost, launch stubbed")
     args = parser.parse_args(argv)
     if args.overhead:
         overhead()
+        return
+    if args.host:
+        host_cost()
         return
 
     tb = lambda nbytes, us: nbytes / us / 1e6  # noqa: E731 - bytes per microsecond -> TB/s

@@ -1,0 +1,114 @@
+"""RMSNorm launcher on CPU: what reaches Triton's C launcher on the cached paths (launch_rows
+with a cached entry, the op's plan.fast), with a recorder standing in for the C launcher and for
+the first (JIT) launch. The argument order is triton 3.6's: grid x3, stream, function,
+cooperative, pdl, global and profile scratch, kernel metadata, launch metadata, enter and exit
+hooks, then the kernel's parameters in signature order, constexprs included."""
+import types
+
+import pytest
+import torch
+
+from tilefly.ops.rms_norm import configs, eager, launcher
+from tilefly.ops.rms_norm.configs import Config
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls, jit = [], []
+
+    def fake_jit(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
+        cfg_ = cfg or configs.heuristic(N, x.element_size(), layout)
+        constexprs = configs.kernel_constexprs(cfg_, N, x.element_size(), layout, w is not None)
+        entry = launcher.Entry()
+        entry.kernel, entry.rows_per_program, entry.programs = cfg_.kernel, cfg_.rows, 132 * cfg_.programs_per_sm
+        entry.segments = constexprs.get("SEGMENTS", 0) if cfg_.kernel == "segments" else 0
+        entry.compiled, entry.function, entry.meta = None, "FUNCTION", ("num_warps", "num_ctas", "shared")
+        entry.consts, entry.coop, entry.pdl = tuple(constexprs.values()), False, False
+        entry.direct = lambda *args: calls.append(args)
+        launcher._entries[key] = entry
+        jit.append(key)
+        return entry
+
+    monkeypatch.setattr(launcher, "_jit_launch", fake_jit)
+    monkeypatch.setattr(launcher, "_raw_stream", lambda index: "STREAM")
+    monkeypatch.setattr(launcher, "_hooks", types.SimpleNamespace(calls=[]))
+    monkeypatch.setattr(launcher, "_entries", {})
+    return calls, jit
+
+
+HEAD = 13  # grid, 1, 1, stream, function, coop, pdl, None, None, meta, None, None, None
+
+
+def _expect_head(args, grid):
+    assert args[:HEAD] == (grid, 1, 1, "STREAM", "FUNCTION", False, False, None, None,
+                           ("num_warps", "num_ctas", "shared"), None, None, None)
+
+
+def test_cached_launch_and_plan_fast_path_pass_the_same_arguments(recorded):
+    calls, jit = recorded
+    x, w = torch.randn(37, 4097, dtype=torch.float16), torch.randn(4097, dtype=torch.float16)
+    eager.rms_norm_forward(x, [4097], w, 1e-6)           # first launch: the (fake) JIT
+    assert len(jit) == 1 and calls == []
+    y, rstd = eager.rms_norm_forward(x, [4097], w, None)  # a new plan: launch_rows finds the entry
+    assert len(jit) == 1 and len(calls) == 1
+    cfg = configs.heuristic(4097, 2, configs.SPLIT)
+    grid = -(-37 // cfg.rows)
+    _expect_head(calls[0], grid)
+    kernel_args = calls[0][HEAD:]
+    assert kernel_args[0] == x.data_ptr() and kernel_args[1] == w.data_ptr()
+    assert kernel_args[4:8] == (37, 4097, 4097, launcher.FLOAT32_EPS)
+    assert kernel_args[8:] == tuple(configs.kernel_constexprs(cfg, 4097, 2, configs.SPLIT, True).values())
+
+    plan = eager._build_plan(x, [4097], w)                # the op's own path: its plan, then plan.fast
+    launcher.run_plan(plan, x, w, y, rstd, 1e-5)
+    assert plan.fast is not None and len(calls) == 2
+    launcher.run_plan(plan, x, w, y, rstd, 1e-5)         # through plan.fast
+    assert len(calls) == 3 and calls[1] == calls[2]
+    assert calls[2][:HEAD + 2] == calls[0][:HEAD + 2]
+    assert calls[2][HEAD + 2:HEAD + 4] == (y.data_ptr(), rstd.data_ptr())
+    assert calls[2][HEAD + 4:] == kernel_args[4:7] + (1e-5,) + kernel_args[8:]
+
+
+def test_unaligned_pointers_leave_the_fast_path_for_their_own_kernel(recorded):
+    calls, jit = recorded
+    base = torch.randn(8 * 4096 + 8, dtype=torch.bfloat16)
+    aligned, shifted = base[:8 * 4096].view(8, 4096), base[1:8 * 4096 + 1].view(8, 4096)
+    w = torch.randn(4096, dtype=torch.bfloat16)
+    plan = eager._build_plan(aligned, [4096], w)
+    y, rstd = torch.empty(8, 4096, dtype=torch.bfloat16), torch.empty(8, 1)
+    for x in (aligned, aligned, shifted, aligned, shifted):
+        launcher.run_plan(plan, x, w, y, rstd, 1e-6)
+    layouts = [key[3] for key in jit]
+    assert layouts == [configs.ALIGNED, configs.GENERIC]          # one kernel each, compiled once
+    assert plan.fast is not None and plan.fast[-1][-3:] == (True, False, True)  # ALIGNED, not SPLIT, HAS_W
+    # first aligned and first shifted launches went to the (fake) JIT
+    assert [c[HEAD] for c in calls] == [aligned.data_ptr(), aligned.data_ptr(), shifted.data_ptr()]
+
+
+def test_segments_launches_get_a_zeroed_workspace_each_call(recorded, monkeypatch):
+    calls, _ = recorded
+    workspaces = []
+    real = launcher._workspace
+
+    def spy(x, M, segments):
+        sync, partial = real(x, M, segments)
+        workspaces.append((sync.clone(), partial.numel(), sync.data_ptr(), partial.data_ptr()))
+        return sync, partial
+
+    monkeypatch.setattr(launcher, "_workspace", spy)
+    x, w = torch.randn(5, 65536), torch.randn(65536)
+    y, rstd = torch.empty_like(x), torch.empty(5, 1)
+    cfg = Config("segments", 8192, 1, 8)
+    for _ in range(3):
+        launcher.launch(x, w, y, rstd, 1e-6, cfg)
+    assert len(calls) == 2 and len(workspaces) == 2                 # the fake JIT took the first
+    for args, (sync, partial_numel, sync_ptr, partial_ptr) in zip(calls, workspaces):
+        _expect_head(args, 5 * 8)
+        assert args[HEAD + 8:HEAD + 10] == (sync_ptr, partial_ptr)
+        assert sync.eq(0).all() and sync.numel() == 6 and partial_numel == 5 * 8
+        assert args[HEAD + 10:HEAD + 12] == (8192, 8)                 # SEG, SEGMENTS
+    plan = eager._build_plan(x, [65536], w)                 # the op: TUNED chunked, persistent grid
+    launcher.run_plan(plan, x, w, y, rstd, 1e-6)
+    launcher.run_plan(plan, x, w, y, rstd, 1e-6)
+    assert plan.fast is not None and plan.fast[1] == 5 and len(calls) == 3
+    assert configs.heuristic(65536, 4, configs.ALIGNED).kernel == "chunked"

@@ -1,0 +1,176 @@
+"""From (x, w, y, rstd) to an RMSNorm kernel launch, and the caches that make a repeated launch
+one call into Triton's C launcher.
+
+Two ways in:
+- ``launch`` (2-D x, any config; sweep.py, tests, interpreter checks) and ``launch_rows`` (the
+  op's [M, N] view) find the compiled kernel for the call's specialization in ``_entries``, or
+  let Triton's JIT bind, compile and launch it the first time (also whenever Triton launch
+  hooks are set, so profilers see every launch).
+- ``run_plan`` (the op's hot path, eager.py): the op's plan for a (shape, strides, dtype,
+  weight) key keeps, from its first 16-byte-aligned launch, everything Triton's C launcher takes
+  besides pointers, eps and stream, so a repeat call is four ``data_ptr`` reads and one call of
+  it; anything else (unaligned pointers, another current device, hooks, the segments kernel,
+  whose workspace is allocated per call) goes the ``launch_rows`` way.
+
+Host cost, measured on the 2-core CPU box with a no-op standing in for Triton's C launcher
+(sweep.py --host): see eager.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from tilefly import _device
+from tilefly.ops.rms_norm import configs
+
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
+
+
+class Entry:
+    """One compiled kernel, ready for Triton's C launcher."""
+
+    __slots__ = ("compiled", "direct", "function", "meta", "coop", "pdl", "consts", "kernel",
+                 "rows_per_program", "programs", "segments")
+
+    def grid(self, M: int) -> int:
+        if self.kernel == "chunked":
+            return min(M, self.programs)
+        if self.kernel == "segments":
+            return M * self.segments
+        return -(-M // self.rows_per_program)
+
+
+# Compiled kernels by everything Triton specialized them on (pointer alignment, N and the row
+# stride's divisibility by 16 and equality to 1) plus layout and config. M is never specialized.
+_entries: dict = {}
+_hooks = None           # triton.knobs.runtime.launch_enter_hook once Triton is imported
+_direct_ok = None       # Triton's C launcher takes the argument list written below (triton 3.6)
+# Calling Triton's C launch function directly (skipping CompiledKernel.run's scratch handling)
+# saves host time but has not run on the H200 yet; CompiledKernel.run, which the GPU tests
+# passed with, serves until then. Flip after tests/ops/rms_norm passes on the GPU with it on.
+DIRECT_C_LAUNCH = False
+
+
+def launch(x: torch.Tensor, weight, y: torch.Tensor, rstd: torch.Tensor, eps, config=None) -> None:
+    """Normalize the rows of a 2-D ``x`` ([M, N], unit column stride) into contiguous ``y`` and
+    ``rstd`` (M floats). ``config`` overrides the heuristic (sweep.py, tests)."""
+    M, N = x.shape
+    if x.stride(1) != 1 and N > 1:
+        raise ValueError("launch: x needs unit column stride")
+    if M:
+        launch_rows(x, weight, y, rstd, M, N, x.stride(0) if M > 1 else N,
+                    FLOAT32_EPS if eps is None else eps, config)
+
+
+def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
+    """Launch on x viewed as M rows of N at ``stride``; returns the Entry used (None when it
+    went through Triton's JIT)."""
+    x_ptr = x.data_ptr()
+    w_ptr = x_ptr if w is None else w.data_ptr()
+    y_ptr, rstd_ptr = y.data_ptr(), rstd.data_ptr()
+    size = x.element_size()
+    layout = configs.row_layout(N, stride, x_ptr % 16 == 0, size, cfg is None or cfg.split)
+    index = x.get_device()
+    if index >= 0 and index != torch._C._cuda_getDevice():
+        # A Python kernel gets no device guard from the dispatcher; Triton launches on the current one.
+        with torch.cuda.device(index):
+            return launch_rows(x, w, y, rstd, M, N, stride, eps, cfg)
+    device = x.device
+    key = (device, x.dtype, N, layout, stride % 16 == 0, stride == 1, w is None, w_ptr % 16 == 0,
+           (y_ptr | rstd_ptr) % 16 == 0, cfg)
+    entry = _entries.get(key)
+    if entry is None or _hooks.calls:
+        return _jit_launch(key, layout, x, w, y, rstd, M, N, stride, float(eps), cfg)
+    args = (x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, stride, eps)
+    if entry.segments:
+        sync, partial = _workspace(x, M, entry.segments)  # freed after the launch: stream-ordered reuse
+        args += (sync.data_ptr(), partial.data_ptr())
+    _call(entry, entry.grid(M), index, args)
+    return entry
+
+
+def run_plan(plan, x, w, y, rstd, eps) -> None:
+    """The op's launch: ``plan`` (eager.Plan) holds M, N, the row stride and, once a launch with
+    16-byte-aligned x and w went through ``launch_rows``, everything the C launcher takes besides
+    the pointers, eps and the stream (``plan.fast``; rows and chunked kernels under triton 3.6)."""
+    x_ptr = x.data_ptr()
+    w_ptr = x_ptr if w is None else w.data_ptr()
+    fast = plan.fast
+    if fast is None or (x_ptr | w_ptr) & 15 or _hooks.calls or (
+            plan.guard and plan.index != torch._C._cuda_getDevice()):
+        entry = launch_rows(x, w, y, rstd, plan.M, plan.N, plan.stride, eps)
+        if entry is not None and entry.direct and not entry.segments and not (x_ptr | w_ptr) & 15:
+            plan.fast = (entry.direct, entry.grid(plan.M), entry.function, entry.coop, entry.pdl,
+                         entry.meta, plan.M, plan.N, plan.stride, entry.consts)
+        return
+    c_launch, grid, function, coop, pdl, meta, M, N, stride, consts = fast
+    c_launch(grid, 1, 1, _raw_stream(plan.index), function, coop, pdl, None, None,
+             meta, None, None, None, x_ptr, w_ptr, y.data_ptr(), rstd.data_ptr(), M, N, stride, eps, *consts)
+
+
+def _call(entry: Entry, grid: int, index: int, args: tuple) -> None:
+    stream = _raw_stream(index)
+    if entry.direct:
+        entry.direct(grid, 1, 1, stream, entry.function, entry.coop, entry.pdl, None, None, entry.meta,
+                     None, None, None, *args, *entry.consts)
+    else:
+        entry.compiled.run(grid, 1, 1, stream, entry.function, entry.meta, None, None, None, *args, *entry.consts)
+
+
+def _workspace(x: torch.Tensor, M: int, segments: int) -> tuple:
+    """The segments kernel's SYNC (zeroed: ticket counter, then one arrival counter per row) and
+    PARTIAL (M x segments FP32) buffers."""
+    return (torch.zeros(M + 1, dtype=torch.int32, device=x.device),
+            torch.empty(M * segments, dtype=torch.float32, device=x.device))
+
+
+def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
+    """First launch of a key (or a launch with Triton hooks set): Triton's JIT binds, compiles and
+    launches; the compiled kernel is kept for later launches."""
+    global _hooks, _direct_ok
+    import triton
+
+    from tilefly.ops.rms_norm import kernels
+
+    _hooks = triton.knobs.runtime.launch_enter_hook
+    if _direct_ok is None:
+        _direct_ok = DIRECT_C_LAUNCH and triton.__version__.startswith("3.6.")
+    size = x.element_size()
+    cfg_ = cfg or configs.heuristic(N, size, layout)
+    configs.validate(cfg_, N, size, layout)
+    constexprs = configs.kernel_constexprs(cfg_, N, size, layout, w is not None)
+    entry = Entry()
+    entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
+    args = [x, x if w is None else w, y, rstd, M, N, stride, eps]
+    if cfg_.kernel == "rows":
+        kernel = kernels.rms_norm_rows_kernel
+    elif cfg_.kernel == "chunked":
+        kernel = kernels.rms_norm_chunked_kernel
+        entry.programs = (_device.sm_count(x) if x.is_cuda else 4) * cfg_.programs_per_sm
+    else:
+        kernel = kernels.rms_norm_segments_kernel
+        entry.segments = constexprs["SEGMENTS"]
+        args += _workspace(x, M, entry.segments)
+    launch = kernel[(entry.grid(M),)]
+    options = dict(num_warps=cfg_.num_warps, num_stages=cfg_.stages, **constexprs)
+    if cfg_.kernel == "segments" and not x.is_cuda:
+        # The interpreter runs programs one after another; this kernel's programs wait for each other.
+        from tilefly.ops.rms_norm.concurrent_interpreter import concurrent_programs
+
+        with concurrent_programs():
+            compiled = launch(*args, **options)
+    else:
+        compiled = launch(*args, **options)
+    if not x.is_cuda or not hasattr(compiled, "packed_metadata"):  # TRITON_INTERPRET
+        return None
+    run = compiled.run
+    entry.compiled, entry.function, entry.meta = compiled, compiled.function, compiled.packed_metadata
+    entry.consts = tuple(constexprs.values())
+    entry.coop, entry.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
+    # Triton 3.6's CudaLauncher.__call__ only adds scratch buffers (none here) before calling its
+    # C launch function: call that directly. Other versions keep the documented-by-use path.
+    direct = getattr(run, "launch", None)
+    scratch = getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+    entry.direct = direct if _direct_ok and direct is not None and not scratch else None
+    _entries[key] = entry
+    return entry
