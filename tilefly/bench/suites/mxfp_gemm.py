@@ -1,13 +1,15 @@
 """mxfp_gemm: MXFP8 and MXFP4 GEMM, 17 NT shapes per format from mxfp_gemm.csv, BF16 output.
 
-Operands are quantized before timing (``tilefly/bench/mx_operands.py``, OCP MX rules): A is
-M x K row-major, B is stored N x K row-major (K x N column-major as ``F.scaled_mm`` takes it);
-E8M0 scales per 32 K-elements, (M, K/32) and (N, K/32), unswizzled. MXFP8 data is
-``float8_e4m3fn``; MXFP4 data ``float4_e2m1fn_x2`` (K/2 bytes a row, low nibble first).
+Operands are quantized before timing (``tilefly.mx.quantize``, OCP MX rules, through
+``tilefly/bench/mx_operands.py``): A is M x K row-major, B is stored N x K row-major (K x N
+column-major as ``F.scaled_mm`` takes it); E8M0 scales per 32 K-elements, (M, K/32) and
+(N, K/32), unswizzled. MXFP8 data is ``float8_e4m3fn``; MXFP4 data ``float4_e2m1fn_x2`` (K/2
+bytes a row, low nibble first).
 
 ATen has no MX GEMM on sm_90, so the baselines are: ``dequant_mm_eager`` = dequantize both
-operands to BF16, then ``torch.mm``; ``dequant_mm_compiled`` = the same function under
-``torch.compile`` (default mode); ``dequant_mm`` = the faster of those two per case; ``bf16_mm`` =
+operands to BF16 (``tilefly.mx.dequantize``, the code ``MXLinear(backend="dequant")`` runs),
+then ``torch.mm``; ``dequant_mm_compiled`` = the same function under ``torch.compile``
+(default mode); ``dequant_mm`` = the faster of those two per case; ``bf16_mm`` =
 plain ``torch.mm`` on BF16 operands of the same shape (what the MX format has to beat).
 tilefly: ``tilefly.ops.mx_gemm.bench.tilefly_providers(a, b, scale_a, scale_b, fmt)`` -> {config: fn},
 with a (M, K or K/2), b = b_nk.t() (K or K/2, N), scales as above, each fn returning BF16 M x N.
@@ -17,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from tilefly import mx
 from tilefly.bench import hooks, inductor, mx_operands
 from tilefly.bench.cases import Case, numbers, read_csv
 from tilefly.bench.results import Comparison
 from tilefly.bench.runner import CaseBench, Derived, Plan, Provider, Suite
-from tilefly.bench.suites import _common
 from tilefly.bench.suites._common import baseline_only, best_config_provider, randn, tflops
 
 SKINNY_M = 256
@@ -37,9 +39,9 @@ def cases() -> list[Case]:
     return out
 
 
-def dequant_mm(a_data, a_scale_bits, b_data, b_scale_bits, table, fmt: str):
-    a = mx_operands.dequantize_bits(a_data, a_scale_bits, fmt, table)
-    b = mx_operands.dequantize_bits(b_data, b_scale_bits, fmt, table)
+def dequant_mm(a_data, a_scale_bits, b_data, b_scale_bits, fmt: str):
+    a = mx.dequantize(a_data, a_scale_bits, fmt)
+    b = mx.dequantize(b_data, b_scale_bits, fmt)
     return torch.mm(a, b.t())
 
 
@@ -50,11 +52,7 @@ def plan() -> Plan:
         fmt, m, n, k = (case.columns[key] for key in ("format", "m", "n", "k"))
         a_bf16, b_bf16 = randn(m, k), randn(n, k)
         qa, qb = mx_operands.quantize(a_bf16, fmt), mx_operands.quantize(b_bf16, fmt)
-        # Plain views for the dequantizing baselines (free; keeps FP4/E8M0 dtypes out of the traced graph).
-        bits = lambda t: t if t.dtype == torch.float8_e4m3fn else t.view(torch.uint8)  # noqa: E731
-        args = (bits(qa.data), bits(qa.scale), bits(qb.data), bits(qb.scale),
-                torch.tensor(mx_operands.FP4_VALUES + tuple(-v for v in mx_operands.FP4_VALUES),
-                             dtype=torch.bfloat16, device=_common.DEVICE))
+        args = (*qa.plain(), *qb.plain())  # free views; keep FP4/E8M0 dtypes out of the traced graph
 
         def build_compiled():
             compiled = inductor.compile_static(lambda *xs: dequant_mm(*xs, fmt=fmt))

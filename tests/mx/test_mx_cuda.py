@@ -1,0 +1,96 @@
+"""tilefly.mx on the H200: the same bits as on CPU, MXLinear's stock path eager and compiled, and
+its scaled_mm path with ATen alone (a clear error) and with tilefly's MX family enabled."""
+import pytest
+import torch
+from torch import nn
+
+import tilefly
+from tilefly import mx
+from tilefly.ops import FAMILIES
+
+pytestmark = pytest.mark.cuda
+MX_FAMILY = "mx_gemm"
+
+
+def _special_input(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(130, 256) * torch.logspace(-20, 20, 130).unsqueeze(1)
+    x[0, :32] = 0                       # zero block
+    x[1, 5] = float("nan")              # NaN block
+    x[2, 40] = float("inf")             # Inf block
+    x[3, :32] = 2.0 ** -140             # FP32 subnormal block
+    x[4, 64] = 500.0                    # saturating element (mxfp8 exponent 0)
+    x[5, 96] = 7.5                      # saturating element (mxfp4 exponent 0)
+    return x.to(dtype)
+
+
+def _same_bytes(a, b, rows=slice(None)):
+    return torch.equal(a.cpu().view(torch.uint8)[rows], b.view(torch.uint8)[rows])
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle", mx.SWIZZLES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_quantize_matches_cpu_bit_for_bit(fmt, swizzle, dtype):
+    x = _special_input(dtype)
+    data, scales = mx.quantize(x.cuda(), fmt, swizzle=swizzle)
+    ref_data, ref_scales = mx.quantize(x, fmt, swizzle=swizzle)
+    assert _same_bytes(scales, ref_scales)
+    finite_rows = [r for r in range(x.shape[0]) if r not in (1, 2)]  # a NaN block's element bytes are moot
+    assert _same_bytes(data, ref_data, finite_rows)
+    for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        got = mx.dequantize(data, scales, fmt, swizzle=swizzle, dtype=out_dtype).cpu()
+        ref = mx.dequantize(ref_data, ref_scales, fmt, swizzle=swizzle, dtype=out_dtype)
+        torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def _mx_linear(fmt, backend, dtype=torch.bfloat16, bias=True):
+    torch.manual_seed(1)
+    lin = nn.Linear(4096, 1024, bias=bias).to("cuda", dtype)
+    return mx.MXLinear.from_linear(lin, fmt, backend=backend)
+
+
+def _reference(m, x):
+    a_data, a_scales = mx.quantize(x.reshape(-1, m.in_features), m.fmt)
+    a = mx.dequantize(a_data, a_scales, m.fmt, dtype=torch.float64)
+    w = mx.dequantize(m.weight_data, m.weight_scales, m.fmt, swizzle=m.swizzle, dtype=torch.float64)
+    out = a @ w.t() + (0 if m.bias is None else m.bias.double())
+    return out.reshape(*x.shape[:-1], m.out_features)
+
+
+def _check(out, ref):
+    torch.testing.assert_close(out.double(), ref, rtol=2.0 ** -7, atol=2.0 ** -7 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cuda_dequant_backend_eager_and_compiled(fmt):
+    m = _mx_linear(fmt, "dequant")
+    for shape in [(1, 4096), (3, 33, 4096)]:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        _check(m(x), _reference(m, x))
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True)
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    _check(compiled(x), _reference(m, x))
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cuda_scaled_mm_without_tilefly_raises_clearly(fmt):
+    m = _mx_linear(fmt, "scaled_mm")
+    with pytest.raises(mx.MXKernelUnavailable, match="backend='dequant'"):
+        m(torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(MX_FAMILY not in FAMILIES, reason=f"tilefly has no {MX_FAMILY} family yet")
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle", mx.SWIZZLES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_scaled_mm_with_tilefly(fmt, swizzle, dtype):
+    torch.manual_seed(2)
+    lin = nn.Linear(4096, 1024).to("cuda", dtype)
+    m = mx.MXLinear.from_linear(lin, fmt, swizzle=swizzle)
+    x = torch.randn(2, 17, 4096, device="cuda", dtype=dtype)
+    with tilefly.enabled(MX_FAMILY):
+        _check(m(x), _reference(m, x))
+        torch._dynamo.reset()
+        _check(torch.compile(m)(x), _reference(m, x))

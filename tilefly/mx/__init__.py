@@ -1,0 +1,18 @@
+"""MX (OCP Microscaling) quantization for F.scaled_mm: MXFP8 / MXFP4 data with E8M0 block scales.
+
+    import tilefly.mx as mx
+    data, scales = mx.quantize(x, "mxfp8", swizzle="32_4_4")    # what F.scaled_mm takes
+    x_hat = mx.dequantize(data, scales, "mxfp8", swizzle="32_4_4")
+    names = mx.swap_linears(model, "mxfp4")                    # nn.Linear -> MXLinear, lm_head kept
+
+Modules: ``formats`` (element/scale formats, bit-level helpers), ``layout`` (the
+SWIZZLE_32_4_4 scale layout), ``quant`` (quantize/dequantize and their rounding rules),
+``linear`` (MXLinear, swap_linears). Plain PyTorch: importing this compiles nothing.
+"""
+from tilefly.mx.formats import BLOCK, FORMATS, FP4_VALUES, SWIZZLES
+from tilefly.mx.layout import blocked_numel, from_blocked, to_blocked
+from tilefly.mx.linear import BACKENDS, MXKernelUnavailable, MXLinear, swap_linears
+from tilefly.mx.quant import dequantize, quantize
+
+__all__ = ["BLOCK", "FORMATS", "FP4_VALUES", "SWIZZLES", "BACKENDS", "quantize", "dequantize", "to_blocked",
+           "from_blocked", "blocked_numel", "MXLinear", "MXKernelUnavailable", "swap_linears"]
