@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tilefly.ops.topk.keys import order_key_torch, reference_topk
+from tilefly.ops.topk.keys import order_key_torch, reference_topk, threshold_value_torch
 
 ORDERED = [-math.inf, -3.0e38, -1.5, -1.0, -1e-40, -0.0, 0.0, 1e-40, 1.0, 1.5, 3.0e38, math.inf]
 
@@ -66,3 +66,23 @@ def test_reference_breaks_ties_by_smaller_index():
     assert indices.tolist() == [[1, 3, 5, 4]]
     values, indices = reference_topk(x, 3, largest=False)
     assert indices.tolist() == [[0, 2, 4]]
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_threshold_value_turns_a_key_test_into_one_float_compare(largest):
+    # the sieve and bitmask kernels test "key(x) >= tau" as ~(x < t) (largest) or x <= t; exact for
+    # every non-NaN x, a superset (+Inf and NaN) for the NaN key with largest, and for the NaN key
+    # without largest every non-NaN x (the kernels then check that at least k passed)
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.tensor(ORDERED + [math.nan, 5e-45, -5e-45]), torch.randn(300, generator=g) * 10])
+    keys = order_key_torch(x, largest)
+    for tau in keys.unique().tolist():
+        t = threshold_value_torch(tau, largest)
+        hit = ~(x < t) if largest else x <= t
+        want = keys >= tau
+        nan = torch.isnan(x)
+        if tau == int(order_key_torch(torch.tensor([math.nan]), largest)):
+            assert (hit | ~want).all() if largest else torch.equal(hit, ~nan)
+        else:
+            assert torch.equal(hit[~nan], want[~nan]), (tau, t)
+            assert torch.equal(hit[nan], want[nan])

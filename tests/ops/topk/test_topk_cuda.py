@@ -133,8 +133,9 @@ def test_out_variant_writes_into_given_tensors():
 
 @pytest.mark.parametrize("N,k", [(1024, 8), (4097, 257), (32768, 1024)])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_repeat_runs_are_bit_identical(N, k, deterministic):
-    x = _data(64, N, kind="ties")
+@pytest.mark.parametrize("kind", ["ties", "randn"])  # exact paths, fast paths (atomics in any order)
+def test_repeat_runs_are_bit_identical(N, k, deterministic, kind):
+    x = _data(64, N, kind=kind)
     torch.use_deterministic_algorithms(deterministic)
     try:
         first = _check(x, k)
@@ -149,6 +150,39 @@ def test_radix_rows_in_several_batches(monkeypatch):
     plan = configs.plan(4097, 257)
     monkeypatch.setattr(configs, "RADIX_SCRATCH_BYTES", plan.C * 8 * 2)  # two rows a batch
     _check(_data(5, 4097), 257)
+
+
+@pytest.mark.parametrize("N,k", [(1024, 8), (8192, 16), (2048, 2), (8192, 64), (32768, 833)])
+def test_every_sweep_variant_and_the_legacy_plan_match_the_reference(N, k):
+    # the sweep times these plans directly (launch.topk_rows(plan=...)): each must be exact too
+    from tilefly.ops.topk import launch
+    from tilefly.ops.topk.sweep import variants
+
+    x = _data(5, N, seed=3)
+    want_values, want_indices = reference_topk(x, k)
+    for plan in variants(N, k):
+        values = torch.full((5, k), float("nan"), device="cuda")
+        indices = torch.full((5, k), -1, dtype=torch.int64, device="cuda")
+        launch.topk_rows(x, k, True, values, indices, plan)
+        assert torch.equal(indices, want_indices), plan
+        assert torch.equal(values, want_values), plan
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_exact_paths_when_the_fast_paths_overflow(largest):
+    # plans with too few candidate slots: every row of random data takes the exact path
+    import dataclasses
+
+    from tilefly.ops.topk import launch
+
+    for N, k, plan in [(8192, 16, dataclasses.replace(configs.plan(8192, 16), CAP=16)),
+                       (32768, 256, dataclasses.replace(configs.plan(32768, 256), C=256))]:
+        x = _data(4, N, seed=5)
+        values = torch.full((4, k), float("nan"), device="cuda")
+        indices = torch.full((4, k), -1, dtype=torch.int64, device="cuda")
+        launch.topk_rows(x, k, largest, values, indices, plan)
+        want_values, want_indices = reference_topk(x, k, largest)
+        assert torch.equal(indices, want_indices) and torch.equal(values, want_values)
 
 
 @pytest.mark.parametrize("N,k", [(1024, 8), (5, 5), (32768, 1024)])
@@ -191,7 +225,7 @@ def test_disable_restores_aten_and_explain_names_the_reason():
         torch.topk(x, 8)
     assert decisions == []
     tilefly.enable("topk")
-    report = str(tilefly.explain(lambda t: torch.topk(t, 3, dim=0), x))
+    report = str(tilefly.explain(lambda t: torch.topk(t, 2, dim=0), x))  # x has 2 rows: k=2 is valid on dim 0
     assert "last dimension" in report
 
 

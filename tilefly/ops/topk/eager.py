@@ -10,13 +10,21 @@ Eligibility (``topk_reason``; None = served), each rejection a one-line reason:
 | ``dim`` is the last dimension               | ATen: another dim needs a transposing copy |
 | last dimension has stride 1                 | ATen: same copy cost                       |
 | 1 <= k <= N (ATen raises or returns empty)  | ATen (so its errors stay its own)          |
-| a kernel plan exists (configs.plan: k <= N  | ATen                                       |
+| a kernel plan exists (configs.served_plan:  | ATen                                       |
+|   k <= N                                    |                                            |
 |   for N <= 2048, else k <= 1024 and C fits) |                                            |
 | band: not k > 512 on rows <= 2048 (a sort), | ATen                                       |
 |   skipped with config.force                 |                                            |
 | out=: right dtype/device, and contiguous of | ATen (it resizes, warns, or copies)        |
 |   the output shape, or empty (resized here);|                                            |
 |   not sharing the input's memory            |                                            |
+
+Kernels (configs.served_plan): until the new plans pass on the H200
+(configs.NEW_PLANS_VERIFIED), the legacy plans serve: a register filter for k <= 16
+(kernels_small.py), a whole-row bitonic sort for short rows (kernels_small.py), and
+sample / atomic filter / bitonic select up to k = 1024 (kernels_radix.py). The new plans
+(configs.plan) replace the first and last with the sieve (kernels_sieve.py) and the bitmask
+filter with a counting select (kernels_bitmask.py).
 
 Leading dimensions are flattened into rows (a view when their strides allow,
 else a copy). Outputs are contiguous, values in the input dtype, indices int64,
@@ -58,7 +66,7 @@ def topk_reason(self, k, dim=-1, largest=True, sorted=True) -> str | None:
         return f"k={k} outside 1..{N} (ATen's behaviour)"
     if self.stride(-1) != 1:
         return "last dimension is strided (a copy; left to ATen)"
-    plan = configs.plan(N, k)
+    plan = configs.served_plan(N, k)
     if plan is None:
         return f"no kernel for N={N}, k={k} (k > {configs.RADIX_MAX_K} on rows > {configs.FULL_MAX_N}, or too long)"
     if not config.force and plan.kind == "full" and k > BAND_FULL_MAX_K:

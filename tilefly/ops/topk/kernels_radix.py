@@ -1,4 +1,7 @@
-"""Large-k / long-row top-k (k up to 1024, rows of any length): sample, filter, select.
+"""Legacy large-k / long-row top-k (k up to 1024, rows of any length): sample, filter, select.
+
+Replaced by kernels_bitmask.py (bitmask filter, counting select); kept for configs.legacy_plan
+so the sweep times old against new on one GPU run.
 
 Three launches per batch of rows, each a plain Triton kernel:
 

@@ -1,4 +1,6 @@
-"""Small-k top-k kernels (k <= 16, rows up to 8192): the whole row lives in registers.
+"""Whole-row top-k kernels: ``topk_full_kernel`` (default for short rows and k > 16 up to 2048)
+and the legacy register filter ``topk_filter_kernel`` (k <= 16, rows up to 8192; replaced by
+kernels_sieve.py, kept for configs.legacy_plan so the sweep can time old against new).
 
 Layout plan (plain Triton: the compiler picks the blocked layout, we pick shapes
 and warps; configs.py chooses E, G and num_warps per (N, k))

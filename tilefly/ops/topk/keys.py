@@ -57,6 +57,23 @@ def order_key(x, LARGEST: tl.constexpr):
 
 
 @triton.jit
+def threshold_value(key, LARGEST: tl.constexpr):
+    """The float32 ``t`` that turns "order_key(x) >= key" into one float compare, for fp32 keys:
+    with LARGEST, ``~(x < t)`` (unordered >=, so NaN passes); without, ``x <= t`` (NaN fails).
+    Exact for every non-NaN x (-0.0 and +0.0 compare equal, as their keys do). The NaN key gives
+    +inf: with LARGEST the test then keeps +Inf and NaN (a superset of the NaNs, enough); without,
+    it keeps every non-NaN x, all of which beat NaN: callers check that at least k passed."""
+    if LARGEST:
+        raw = key
+        nan_key = NAN_KEY_LARGEST
+    else:
+        raw = ~key
+        nan_key = NAN_KEY_SMALLEST
+    bits = tl.where(raw >= 0, raw, (raw - 1) ^ 0x7FFFFFFF)  # order_key inverted on each sign
+    return tl.where(key == nan_key, float("inf"), bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def pack(key, column):
     """Distinct int64 word: larger key first, then smaller column."""
     return (key.to(tl.int64) << 32) | (0x7FFFFFFF - column).to(tl.int64)
@@ -96,6 +113,16 @@ def order_key_torch(x: torch.Tensor, largest: bool = True) -> torch.Tensor:
     if not largest:
         key = ~key
     return torch.where(torch.isnan(x), torch.full_like(key, _NAN_KEY[largest]), key)
+
+
+def threshold_value_torch(key: int, largest: bool = True) -> float:
+    """The float threshold_value gives for one fp32 key (CPU twin, for tests)."""
+    nan_key = _NAN_KEY[largest]
+    if key == nan_key:
+        return float("inf")
+    raw = key if largest else ~key
+    bits = raw if raw >= 0 else ((raw - 1) ^ 0x7FFFFFFF) - 2**32
+    return torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32).item()
 
 
 def reference_topk(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

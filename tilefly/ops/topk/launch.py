@@ -17,7 +17,8 @@ import torch
 
 from tilefly.ops.topk import configs
 
-_KERNEL_MODULES = {"small": "tilefly.ops.topk.kernels_small", "radix": "tilefly.ops.topk.kernels_radix"}
+_KERNEL_MODULES = {"small": "tilefly.ops.topk.kernels_small", "radix": "tilefly.ops.topk.kernels_radix",
+                   "sieve": "tilefly.ops.topk.kernels_sieve", "bitmask": "tilefly.ops.topk.kernels_bitmask"}
 
 
 class _Kernel:
@@ -65,44 +66,62 @@ _filter = _Kernel("small", "topk_filter_kernel")
 _radix_threshold = _Kernel("radix", "threshold_kernel")
 _radix_filter = _Kernel("radix", "filter_kernel")
 _radix_select = _Kernel("radix", "select_kernel")
+_sieve = _Kernel("sieve", "sieve_kernel")
+_bitmask_threshold = _Kernel("bitmask", "sample_threshold_kernel")
+_bitmask_filter = _Kernel("bitmask", "bitmask_filter_kernel")
+_bitmask_select = _Kernel("bitmask", "counting_select_kernel")
 
 
 def topk_rows(x: torch.Tensor, k: int, largest: bool, values: torch.Tensor, indices: torch.Tensor,
               plan: configs.Plan | None = None) -> None:
     """Top-k of each row of ``x`` ([rows, N], unit column stride) into contiguous [rows, k] outputs."""
     rows, N = x.shape
-    plan = plan or configs.plan(N, k)
+    plan = plan or configs.served_plan(N, k)
     if plan is None:
         raise ValueError(f"no top-k kernel serves N={N}, k={k}")
     stride = x.stride(0)
     largest = bool(largest)
-    if plan.kind == "full":
+    if plan.kind == "sieve":
+        scratch = _scratch((rows * plan.CAP,), torch.int64, x.device)
+        _sieve((rows,), (x, values, indices, scratch, N, stride, k),
+               dict(LARGEST=largest, E=plan.E, G=plan.G, TEAMS=plan.TEAMS, CAP=plan.CAP, EVEN=plan.even,
+                    BLOCK=plan.block), plan.num_warps)
+    elif plan.kind == "full":
         _full((_cdiv(rows, plan.ROWS),), (x, values, indices, rows, N, stride, k),
               dict(LARGEST=largest, ROWS=plan.ROWS, NP=plan.NP, K2=plan.K2), plan.num_warps)
     elif plan.kind == "filter":
         _filter((rows,), (x, values, indices, N, stride, k),
                 dict(LARGEST=largest, E=plan.E, G=plan.G, K2=plan.K2), plan.num_warps)
-    else:
-        _radix(x, k, largest, values, indices, plan)
+    else:  # "bitmask", or the legacy "radix"
+        _sample_filter_select(x, k, largest, values, indices, plan)
 
 
-def _radix(x, k, largest, values, indices, plan: configs.RadixPlan) -> None:
+def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
+    """The three launches of a radix or bitmask plan, in batches of rows sharing one scratch."""
     rows, N = x.shape
     batch = min(rows, plan.batch_rows())
     scratch = _scratch((batch * (plan.C + 1),), torch.int64, x.device)  # one allocation for all three
     cand = scratch[:batch * plan.C]
     tau, count = scratch[batch * plan.C:].view(torch.int32).split(batch)
     chunks = _cdiv(N, plan.chunk)
+    bitmask = plan.kind == "bitmask"
+    threshold, filter_, select = ((_bitmask_threshold, _bitmask_filter, _bitmask_select) if bitmask
+                                  else (_radix_threshold, _radix_filter, _radix_select))
+    if bitmask:
+        filter_meta = dict(LARGEST=largest, E=plan.E, G=plan.G, C=plan.C, EVEN=plan.even)
+        select_meta = dict(LARGEST=largest, C=plan.C, SORT=plan.SORT, BLOCK=plan.block)
+    else:
+        filter_meta = dict(LARGEST=largest, CHUNK=plan.chunk, C=plan.C)
+        select_meta = dict(LARGEST=largest, C=plan.C, K2=plan.K2, BLOCK=plan.fallback_block)
     for start in range(0, rows, batch):
         n = min(batch, rows - start)
         xb, vb, ib = x[start:start + n], values[start:start + n], indices[start:start + n]
         stride = xb.stride(0)
-        _radix_threshold((n,), (xb, tau, count, N, stride, plan.r, plan.r_max, plan.sample_stride),
-                         dict(LARGEST=largest, S=plan.S, WHOLE_ROW=plan.whole_row), plan.threshold_warps)
-        _radix_filter((n * chunks,), (xb, tau, count, cand, N, stride, chunks),
-                      dict(LARGEST=largest, CHUNK=plan.chunk, C=plan.C), plan.filter_warps)
-        _radix_select((n,), (xb, count, cand, vb, ib, N, stride, k),
-                      dict(LARGEST=largest, C=plan.C, K2=plan.K2, BLOCK=plan.fallback_block), plan.select_warps)
+        threshold((n,), (xb, tau, count, N, stride, plan.r, plan.r_max, plan.sample_stride),
+                  dict(LARGEST=largest, S=plan.S, WHOLE_ROW=plan.whole_row), plan.threshold_warps)
+        filter_((n * chunks,), (xb, tau, count, cand, N, stride, chunks), filter_meta, plan.filter_warps)
+        select_args = (xb, tau, count) if bitmask else (xb, count)  # the bitmask select restarts from tau
+        select((n,), (*select_args, cand, vb, ib, N, stride, k), select_meta, plan.select_warps)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -1,14 +1,17 @@
 """Time variants of the top-k plans on the topk suite's cases (GPU), to tune configs.py.
 
-    python -m tilefly.ops.topk.sweep --out $OUT/topk_sweep.json            # every case, ~3-5 min
+    python -m tilefly.ops.topk.sweep --out $OUT/topk_sweep.json            # every case, ~5-8 min
     python -m tilefly.ops.topk.sweep --family register --cases 0,5 --jobs 8
+    python -m tilefly.ops.topk.sweep --no-variants                         # default and legacy only
 
 Per case (FP32 randn, the suite's rows x N and k): ATen's torch.topk with
 deterministic algorithms off and on, tilefly through torch.topk (router
-included) in both modes, and each plan variant launched directly
-(``launch.topk_rows(plan=...)``). Every variant's output is checked against
-ATen's values and against its own indices before it is timed. Timing is
-``triton.testing.do_bench`` (L2 flushed before each call, median).
+included) in both modes, the legacy plan (``configs.legacy_plan``: the register
+filter / atomic radix kernels the sieve and bitmask kernels replaced, so one
+run compares old and new on the same GPU), and each plan variant launched
+directly (``launch.topk_rows(plan=...)``). Every variant's output is checked
+against ATen's values and against its own indices before it is timed. Timing
+is ``triton.testing.do_bench`` (L2 flushed before each call, median).
 
 Variants are compiled first in ``--jobs`` worker processes (each runs its
 variants once on the real shape, so Triton's on-disk cache holds exactly the
@@ -39,7 +42,7 @@ def load_cases(family: str | None = None) -> list[dict]:
 
 
 def variants(N: int, k: int) -> list:
-    """The default plan first, then neighbours along each tuning axis."""
+    """The default plan first, then the legacy plan, then neighbours along each tuning axis."""
     from tilefly.ops.topk import configs
 
     base = configs.plan(N, k)
@@ -49,7 +52,29 @@ def variants(N: int, k: int) -> list:
         if p is not None and p not in out:
             out.append(p)
 
-    if base.kind == "filter":
+    add(configs.legacy_plan(N, k))
+    if base.kind == "sieve":
+        for w in (base.num_warps // 2, base.num_warps * 2, base.num_warps * 4):
+            if w >= 1:
+                add(configs.sieve_plan(N, k, num_warps=w))
+        add(dataclasses.replace(base, CAP=base.CAP * 2))
+        if base.TEAMS // 2 >= k:
+            add(dataclasses.replace(base, TEAMS=base.TEAMS // 2, CAP=base.CAP * 2))
+    elif base.kind == "bitmask":
+        for S in (base.S // 2, base.S * 2):
+            if configs.RADIX_MIN_SAMPLE // 2 <= S <= 2 * configs.RADIX_MAX_SAMPLE and not base.whole_row:
+                add(configs.bitmask_plan(N, k, S=S))
+        for w in (1, 2, 8):
+            add(configs.bitmask_plan(N, k, filter_warps=w))
+        add(configs.bitmask_plan(N, k, filter_warps=max(1, base.filter_warps // 2), filter_rows=32))
+        for w in (base.threshold_warps // 4, base.threshold_warps // 2):
+            if w >= 1:
+                add(dataclasses.replace(base, threshold_warps=w))
+        add(dataclasses.replace(base, SORT=base.K2 if base.SORT > base.K2 else min(2 * base.K2, base.C)))
+        for w in (base.select_warps // 2, base.select_warps * 2):
+            if 4 <= w <= 32:
+                add(dataclasses.replace(base, select_warps=w, block=256 * w))
+    elif base.kind == "filter":
         for G in (base.G // 2, base.G * 2, base.G * 4):
             E = base.E * base.G // G
             if base.K2 <= G <= N and E >= 2:
@@ -123,9 +148,13 @@ def _bench(fn) -> float:
     return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1000.0
 
 
-def _describe(plan, base) -> str:
+def _describe(plan, base, legacy) -> str:
     if plan == base:
         return "default"
+    if plan == legacy:
+        return "legacy"
+    if plan.kind != base.kind:
+        return plan.kind
     diff = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if getattr(plan, f.name) != getattr(base, f.name)}
     return ",".join(f"{k}={v}" for k, v in diff.items() if k not in ("sample_stride", "r", "whole_row"))
 
@@ -134,7 +163,9 @@ def _time_case(case: dict, plans: list, errors: list) -> dict:
     import torch
 
     import tilefly
+    from tilefly.ops.topk import configs
 
+    legacy = configs.legacy_plan(case["N"], case["k"])
     x = _make_input(case)
     k = case["k"]
     row = dict(case)
@@ -149,7 +180,8 @@ def _time_case(case: dict, plans: list, errors: list) -> dict:
             torch.use_deterministic_algorithms(False)
     row["variants"] = []
     for plan, err in zip(plans, errors):
-        entry = {"plan": dataclasses.asdict(plan), "label": _describe(plan, plans[0]), "error": err}
+        entry = {"plan": dataclasses.asdict(plan), "kind": plan.kind, "label": _describe(plan, plans[0], legacy),
+                 "error": err}
         if err is None:
             values, indices = _run_variant(x, k, plan)
             entry["error"] = _check(x, k, values, indices)
@@ -161,12 +193,22 @@ def _time_case(case: dict, plans: list, errors: list) -> dict:
     return row
 
 
+def _select(plans: list, case: dict, defaults_only: bool) -> list:
+    """All variants, or (defaults_only) the default plan and the legacy one when it differs."""
+    if not defaults_only:
+        return plans
+    from tilefly.ops.topk import configs
+
+    legacy = configs.legacy_plan(case["N"], case["k"])
+    return plans[:1] + ([legacy] if legacy != plans[0] else [])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="all", choices=("all", "register", "radix"))
     parser.add_argument("--cases", default=None, help="comma-separated case numbers (rows of topk.csv, from 0)")
     parser.add_argument("--jobs", type=int, default=8, help="compile worker processes")
-    parser.add_argument("--no-variants", action="store_true", help="default plans only")
+    parser.add_argument("--no-variants", action="store_true", help="default and legacy plans only")
     parser.add_argument("--out", default=None, help="JSON file for every timing")
     args = parser.parse_args(argv)
 
@@ -179,7 +221,7 @@ def main(argv=None) -> int:
     if args.cases:
         wanted = {int(c) for c in args.cases.split(",")}
         cases = [c for c in cases if c["index"] in wanted]
-    plans = {c["index"]: variants(c["N"], c["k"])[: 1 if args.no_variants else None] for c in cases}
+    plans = {c["index"]: _select(variants(c["N"], c["k"]), c, args.no_variants) for c in cases}
 
     print(f"compiling {sum(len(p) for p in plans.values())} variants in {args.jobs} processes ...", flush=True)
     ctx = multiprocessing.get_context("spawn")
@@ -188,18 +230,20 @@ def main(argv=None) -> int:
 
     results = []
     print("| # | family | rows | N | k | ATen µs | ATen det µs | tilefly µs | tilefly det µs | speedup | det speedup "
-          "| best variant | best µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| legacy µs | best variant | best µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         row = _time_case(case, plans[case["index"]], errors[case["index"]])
         results.append(row)
         timed = [v for v in row["variants"] if "us" in v]
         best = min(timed, key=lambda v: v["us"]) if timed else {"label": "none", "us": math.nan}
+        legacy_us = next((v.get("us", math.nan) for v in row["variants"] if v["label"] == "legacy"), math.nan)
         bad = [f"{v['label']}: {v['error']}" for v in row["variants"] if v["error"]]
         print(f"| {case['index']} | {case['family']} | {case['rows']} | {case['N']} | {case['k']} "
               f"| {row['aten_nondet_us']:.1f} | {row['aten_det_us']:.1f} | {row['tilefly_nondet_us']:.1f} "
               f"| {row['tilefly_det_us']:.1f} | {row['aten_nondet_us'] / row['tilefly_nondet_us']:.2f}x "
-              f"| {row['aten_det_us'] / row['tilefly_det_us']:.2f}x | {best['label']} | {best['us']:.1f} |"
+              f"| {row['aten_det_us'] / row['tilefly_det_us']:.2f}x | {legacy_us:.1f} | {best['label']} "
+              f"| {best['us']:.1f} |"
               + (f" ERRORS: {bad}" if bad else ""), flush=True)
     for family in ("register", "radix"):
         rows = [r for r in results if r["family"] == family]
