@@ -157,6 +157,28 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
         tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
 
 
+@triton.jit
+def _row_geometry(r64, N, stride_row, V: tl.constexpr, ALIGNED: tl.constexpr, SPLIT: tl.constexpr):
+    """Where one row (int64 index ``r64``) starts (s), where its vector-aligned body starts and how
+    long it is, and where its output row starts, for the three row layouts (see the header)."""
+    if ALIGNED:
+        s = r64 * (stride_row // V * V)
+        body_start = s
+        body_len = N // V * V
+        y_start = r64 * (N // V * V)
+    elif SPLIT:
+        s = r64 * stride_row
+        body_start = (s + V - 1) // V * V
+        body_len = (s + N) // V * V - body_start
+        y_start = body_start
+    else:
+        s = r64 * stride_row
+        body_start = s
+        body_len = N
+        y_start = r64 * N
+    return s, body_start, body_len, y_start
+
+
 @triton.jit(do_not_specialize=["M"])
 def rms_norm_chunked_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                             CHUNK: tl.constexpr, STAGES: tl.constexpr, V: tl.constexpr,
@@ -167,21 +189,7 @@ def rms_norm_chunked_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
     row = tl.program_id(0)
     while row < M:
         r64 = row.to(tl.int64)
-        if ALIGNED:
-            s = r64 * (stride_row // V * V)
-            body_start = s
-            body_len = N // V * V
-            y_start = r64 * (N // V * V)
-        elif SPLIT:
-            s = r64 * stride_row
-            body_start = (s + V - 1) // V * V
-            body_len = (s + N) // V * V - body_start
-            y_start = body_start
-        else:
-            s = r64 * stride_row
-            body_start = s
-            body_len = N
-            y_start = r64 * N
+        s, body_start, body_len, y_start = _row_geometry(r64, N, stride_row, V, ALIGNED, SPLIT)
 
         # Bounds from N, not body_len (<= N): masks trim the at most one extra, empty chunk.
         acc = tl.zeros([CHUNK], dtype=tl.float32)
@@ -233,21 +241,7 @@ def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL
     row = ticket // SEGMENTS
     piece = ticket % SEGMENTS
     r64 = row.to(tl.int64)
-    if ALIGNED:
-        s = r64 * (stride_row // V * V)
-        body_start = s
-        body_len = N // V * V
-        y_start = r64 * (N // V * V)
-    elif SPLIT:
-        s = r64 * stride_row
-        body_start = (s + V - 1) // V * V
-        body_len = (s + N) // V * V - body_start
-        y_start = body_start
-    else:
-        s = r64 * stride_row
-        body_start = s
-        body_len = N
-        y_start = r64 * N
+    s, body_start, body_len, y_start = _row_geometry(r64, N, stride_row, V, ALIGNED, SPLIT)
 
     cols = piece * SEG + tl.arange(0, SEG)
     mask = cols < body_len
