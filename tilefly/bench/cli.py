@@ -137,7 +137,12 @@ def merge(paths: list[str], out: str, png: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["--suite", "e2e"]:  # its own options (model, precision, concurrency): tilefly/bench/e2e
+        from tilefly.bench.e2e.__main__ import main as e2e_main
+
+        return e2e_main(argv[2:])
+    args = parse_args(argv)
     if args.render:
         return render(args.render, args.out, png=not args.no_plot)
     if args.merge:

@@ -1,0 +1,98 @@
+"""The A/B driver's logic on CPU: logits agreement, phase metrics, side switching, and a whole
+eager A/B run of the tiny model in BF16, MXFP8 and MXFP4 (both sides on the dequant path)."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import tilefly  # noqa: E402
+from tilefly.bench.e2e import ab, engine, models  # noqa: E402
+
+CPU_B = ab.Side("B", "ATEN,TRITON,TILEFLY", ("gemm",), "dequant")  # ATen has no MX scaled_mm on CPU
+
+
+def _logits(steps, batch=3, vocab=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, vocab, generator=g) * 4 for _ in range(steps)]
+
+
+def test_agreement_within_and_beyond_tolerance():
+    ref = _logits(3)
+    tokens = torch.stack([r.argmax(-1) for r in ref], dim=1)
+    close = [r + 1e-3 * torch.randn_like(r) for r in ref]
+    res = ab.logits_agreement(ref, close, tokens, tokens, tol=1e-2)
+    assert res["ok"] and res["max_rel_err"] < 1e-2 and res["rows_compared"] == [3, 3, 3]
+    assert res["token_match"] == 1.0 and res["rows_diverged"] == 0 and res["first_divergence"] is None
+    far = [r.clone() for r in ref]
+    far[2][1, 5] += 2.0 * ref[2].abs().max()
+    res = ab.logits_agreement(ref, far, tokens, tokens, tol=1e-2)
+    assert not res["ok"] and res["rel_err"][2] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_agreement_skips_rows_after_a_divergence():
+    ref = _logits(3)
+    a_tokens = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    b_tokens = a_tokens.clone()
+    b_tokens[1, 0] = 0  # row 1 took another token at step 0: later steps compare different sequences
+    test = [r.clone() for r in ref]
+    test[1][1] += 100.0  # garbage on row 1 from step 1 on must not count
+    test[2][1] += 100.0
+    res = ab.logits_agreement(ref, test, a_tokens, b_tokens, tol=1e-6)
+    assert res["rows_compared"] == [3, 2, 2]
+    assert res["ok"] and res["max_rel_err"] == 0.0
+    assert res["rows_diverged"] == 1 and res["first_divergence"] == 0
+    assert res["token_match"] == pytest.approx(8 / 9)
+
+
+def test_agreement_with_nothing_to_compare_is_not_ok():
+    res = ab.logits_agreement([], [], torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), 0.1)
+    assert not res["ok"] and res["max_rel_err"] is None
+
+
+def test_phase_metrics():
+    gen = engine.Generation(torch.zeros(4, 11, dtype=torch.long), prefill_s=0.5, decode_s=2.0)
+    m = ab.phase_metrics(gen, 4)
+    assert m["tok_s"] == pytest.approx(44 / 2.5)
+    assert m["decode_tok_s"] == pytest.approx(40 / 2.0)
+    assert m["tpot_ms"] == pytest.approx(200.0) and m["ttft_ms"] == pytest.approx(500.0)
+
+
+def test_side_context_switches_and_restores():
+    model = models.build_model("tiny")
+    models.apply_precision(model, "mxfp8")
+    tilefly.enable(["rms_norm"])
+    with ab.side_context(ab.SIDE_B, model, compiled=False):
+        assert tilefly.enabled_ops() == ("gemm",)
+        assert {m.backend for m in model.modules() if hasattr(m, "fmt")} == {"scaled_mm"}
+    assert tilefly.enabled_ops() == ("rms_norm",)
+    with ab.side_context(ab.SIDE_A, model, compiled=False):
+        assert tilefly.enabled_ops() == ()
+        assert {m.backend for m in model.modules() if hasattr(m, "fmt")} == {"dequant"}
+    assert tilefly.enabled_ops() == ("rms_norm",)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "mxfp4"])
+def test_eager_ab_run(precision):
+    record = ab.run_ab("tiny", precision, [2, 3], input_len=8, output_len=4, device="cpu", compile_mode=None,
+                       compare_steps=3, sides=(ab.SIDE_A, CPU_B), log=open("/dev/null", "w"))
+    assert record["model"] == "tiny" and record["precision"] == precision
+    assert record["swapped_linears"] == (0 if precision == "bf16" else 14)
+    assert [row["concurrency"] for row in record["rows"]] == [2, 3]
+    for row in record["rows"]:
+        for side in ("A", "B"):
+            assert row[side]["tok_s"] > 0 and row[side]["tpot_ms"] > 0, row[side]
+        agree = row["agreement"]
+        assert agree["ok"] and agree["rows_compared"] == [row["concurrency"]] * 3
+        assert agree["token_match"] == 1.0 and agree["timed_token_match"] == 1.0
+        assert row["speedup"] == pytest.approx(row["B"]["tok_s"] / row["A"]["tok_s"])
+    assert tilefly.enabled_ops() == ()
+
+
+def test_a_failing_side_is_recorded():
+    """Side B on MX scaled_mm: ATen has no MX kernel on CPU, so B fails and A still runs."""
+    record = ab.run_ab("tiny", "mxfp8", [2], input_len=8, output_len=3, device="cpu", compile_mode=None,
+                       log=open("/dev/null", "w"))
+    row = record["rows"][0]
+    assert row["A"]["tok_s"] > 0
+    assert "MXKernelUnavailable" in row["B"]["error"]
+    assert "agreement" not in row and "speedup" not in row

@@ -1,0 +1,127 @@
+"""``python -m tilefly.bench.e2e``: end-to-end A/B of LLM decoding throughput (see ab.py).
+
+    python -m tilefly.bench.e2e --model tiny --concurrency 8 16                 # GPU smoke, seconds
+    python -m tilefly.bench.e2e --model llama-3.1-8b --precision bf16 --concurrency 8 16 32 --out bench_out/e2e
+    python -m tilefly.bench.e2e --merge bench_out/e2e/run_*.json --out bench_out/e2e   # one report
+    python -m tilefly.bench.e2e --model tiny --device cpu --eager --input-len 8 --output-len 4  # CPU dry run
+
+Graphs loaded from Inductor's FX graph cache carry no generated code, so which GEMMs won shows
+only for fresh compiles: set TORCHINDUCTOR_FX_GRAPH_CACHE=0 to always see it.
+
+Each run writes ``run_<model>_<precision>_c<concurrencies>.json`` (and its .md) into --out;
+``--merge`` joins any number of them into e2e.json / e2e.md / e2e.png.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+
+from tilefly.bench.e2e import models
+
+DEFAULT_OUT = os.path.join("bench_out", "e2e")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from tilefly.bench.e2e.ab import DEFAULT_CONCURRENCIES
+
+    p = argparse.ArgumentParser(prog="python -m tilefly.bench.e2e", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", choices=list(models.MODELS))
+    p.add_argument("--precision", default="bf16", choices=list(models.PRECISIONS))
+    p.add_argument("--concurrency", type=int, nargs="+", default=list(DEFAULT_CONCURRENCIES))
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--runs", type=int, default=1, help="timed generations per side (the fastest is kept)")
+    p.add_argument("--compare-steps", type=int, default=4, help="steps whose logits A and B must agree on")
+    p.add_argument("--tol", type=float, default=0.05, help="max |B - A| / max |A| of those logits")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--eager", action="store_true", help="no torch.compile (CPU dry runs)")
+    p.add_argument("--eager-prefill", action="store_true",
+                   help="compile only the decode step (halves compile and autotuning time)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--b-ops", nargs="+", default=["gemm"], metavar="FAMILY",
+                   help="tilefly families enabled on side B (default: gemm; add the MX GEMM family once it exists)")
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--merge", nargs="+", metavar="FILE.json", help="merge run files into --out/e2e.*")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--commit", help="commit to record (default: git rev-parse HEAD)")
+    args = p.parse_args(argv)
+    if min(args.concurrency) < 1 or args.input_len < 1 or args.output_len < 1:
+        p.error("--concurrency, --input-len and --output-len must be positive")
+    return args
+
+
+def environment(device: str, commit: str | None) -> dict[str, str]:
+    import torch
+    import transformers
+
+    import tilefly
+    from tilefly.bench.cli import git_commit
+
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else device
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton_version,
+            "transformers": transformers.__version__, "tilefly": tilefly.__version__,
+            "commit": commit or git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from tilefly.bench.e2e import report
+    from tilefly.bench.e2e.ab import SIDE_A, SIDE_B, run_ab
+
+    env = environment(args.device, args.commit)
+    record = run_ab(args.model, args.precision, args.concurrency, input_len=args.input_len,
+                    output_len=args.output_len, device=args.device,
+                    compile_mode=None if args.eager else "max-autotune", runs=args.runs,
+                    compare_steps=args.compare_steps, tol=args.tol, seed=args.seed,
+                    compile_prefill=not args.eager_prefill,
+                    sides=(SIDE_A, dataclasses.replace(SIDE_B, tilefly_ops=tuple(args.b_ops))))
+    record.update(env)
+    os.makedirs(args.out, exist_ok=True)
+    name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"
+    path = os.path.join(args.out, name + ".json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, allow_nan=False)
+        f.write("\n")
+    merged = report.merge([record])
+    text = report.markdown(merged)
+    with open(os.path.join(args.out, name + ".md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    print(f"  {path}", file=sys.stderr)
+    bad = [row["concurrency"] for row in record["rows"] if not row.get("agreement", {}).get("ok")]
+    if bad:
+        print(f"A and B disagree or a side failed at concurrency {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def merge(paths: list[str], out: str, png: bool) -> int:
+    from tilefly.bench.e2e import report
+
+    merged = report.merge([report.load(p) for p in paths])
+    print(report.markdown(merged))
+    for line in report.write_all(merged, out, png=png):
+        print(f"  {line}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.merge:
+        return merge(args.merge, args.out, png=not args.no_plot)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

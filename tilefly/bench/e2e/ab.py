@@ -1,0 +1,192 @@
+"""A/B driver: one model, one precision, several concurrencies; side A and side B share the
+process, the weights, the prompts and (per concurrency) the KV cache.
+
+- A: Inductor GEMM backends ``ATEN,TRITON``, tilefly disabled; MX layers on the stock Hopper
+  path (``MXLinear.backend = "dequant"``: dequantize to BF16, then ``torch.mm``).
+- B: ``ATEN,TRITON,TILEFLY`` with ``tilefly.enable(["gemm"])``; MX layers call ``F.scaled_mm``.
+
+Per concurrency and side: reset Dynamo, compile and autotune on a short untimed run (its wall
+time is ``compile_s``; it also captures the first steps' logits), then ``runs`` timed
+generations (the fastest is kept). A and B must agree: logits of the prefill and the first
+decode steps within ``tol`` (relative to the largest reference logit), compared only on the
+rows whose earlier tokens agree (a near-tie flipped by rounding is not an error, but later
+steps of that row are then different sequences).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+import torch
+
+from tilefly.bench.e2e import engine, models, picks
+from tilefly.bench.runner import short
+
+DEFAULT_CONCURRENCIES = (8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    backends: str                 # Inductor's max_autotune_gemm_backends
+    tilefly_ops: tuple[str, ...]  # families enabled for this side (() = tilefly disabled)
+    mx_backend: str               # MXLinear.backend for MX precisions
+
+
+SIDE_A = Side("A", "ATEN,TRITON", (), "dequant")
+SIDE_B = Side("B", "ATEN,TRITON,TILEFLY", ("gemm",), "scaled_mm")
+
+
+@contextlib.contextmanager
+def side_context(side: Side, model: torch.nn.Module, compiled: bool) -> Iterator[None]:
+    """tilefly enabled exactly for ``side.tilefly_ops``, MX layers on ``side.mx_backend`` and, when
+    compiling, Inductor's autotuning over ``side.backends``; tilefly's previous state restored after."""
+    import tilefly
+
+    before = tilefly.enabled_ops()
+    tilefly.disable()
+    try:
+        if side.tilefly_ops:
+            tilefly.enable(list(side.tilefly_ops))
+        models.set_mx_backend(model, side.mx_backend)
+        with contextlib.ExitStack() as stack:
+            if compiled:
+                from tilefly.bench.inductor import autotune
+
+                stack.enter_context(autotune(side.backends))
+            yield
+    finally:
+        tilefly.disable()
+        if before:
+            tilefly.enable(list(before))
+
+
+def phase_metrics(gen: engine.Generation, batch: int) -> dict[str, float]:
+    """Throughput figures of one timed generation (``tok_s`` counts prefill time too)."""
+    steps = gen.tokens.shape[1]
+    decode_steps = max(steps - 1, 1)
+    return {"prefill_s": gen.prefill_s, "decode_s": gen.decode_s,
+            "tok_s": batch * steps / gen.total_s,
+            "decode_tok_s": batch * (steps - 1) / gen.decode_s if steps > 1 and gen.decode_s > 0 else 0.0,
+            "tpot_ms": 1000.0 * gen.decode_s / decode_steps,
+            "ttft_ms": 1000.0 * gen.prefill_s}
+
+
+def logits_agreement(ref: list[torch.Tensor], test: list[torch.Tensor], ref_tokens: torch.Tensor,
+                     test_tokens: torch.Tensor, tol: float) -> dict[str, Any]:
+    """Compare captured logits step by step on rows whose tokens before that step agree.
+    ``rel_err[s]`` = max |test - ref| / max |ref| over those rows (None when no row is left)."""
+    rel_err: list[float | None] = []
+    rows_compared: list[int] = []
+    top1 = []
+    ref_tokens, test_tokens = ref_tokens.cpu(), test_tokens.cpu()
+    for s, (r, t) in enumerate(zip(ref, test)):
+        same_prefix = (ref_tokens[:, :s] == test_tokens[:, :s]).all(dim=1)
+        rows_compared.append(int(same_prefix.sum()))
+        if not same_prefix.any():
+            rel_err.append(None)
+            continue
+        r_rows, t_rows = r[same_prefix].double(), t[same_prefix].double()
+        scale = r_rows.abs().max().clamp_min(1e-30)
+        rel_err.append(float((t_rows - r_rows).abs().max() / scale))
+        top1.append(float((r_rows.argmax(-1) == t_rows.argmax(-1)).double().mean()))
+    measured = [e for e in rel_err if e is not None]
+    matches = ref_tokens == test_tokens
+    diverged = ~matches.all(dim=1)
+    first_div = [int(row.logical_not().nonzero()[0]) for row in matches[diverged]]
+    return {"rel_err": rel_err, "rows_compared": rows_compared, "tol": tol,
+            "max_rel_err": max(measured) if measured else None,
+            "ok": bool(measured) and max(measured) <= tol,
+            "top1_match": min(top1) if top1 else None,
+            "token_match": float(matches.double().mean()),
+            "rows_diverged": int(diverged.sum()),
+            "first_divergence": min(first_div) if first_div else None}
+
+
+def _compile_counters() -> dict[str, int]:
+    """Dynamo graphs compiled and Inductor's CUDA-graph skips so far: a decode step that fell out of
+    its CUDA graph (a mutated input, a CPU tensor) or split at a graph break shows here."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}
+
+
+def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, compile_mode: str | None,
+             runs: int, capture: int, compile_prefill: bool = True
+             ) -> tuple[dict[str, Any], engine.Generation, engine.Generation]:
+    """(metrics, the fastest timed generation, the capturing warm-up generation) of one side."""
+    batch, input_len = prompts.shape
+    compiled = compile_mode is not None
+    if compiled:
+        torch._dynamo.reset()  # a fresh compile: the other side's graphs and autotune picks are dropped
+    with side_context(side, model, compiled):
+        eng = engine.Engine(model, cache, batch, input_len, output_len, compile_mode=compile_mode,
+                            compile_prefill=compile_prefill)
+        before = _compile_counters()
+        with picks.capture_code() if compiled else contextlib.nullcontext([]) as codes:
+            warm = eng.generate(prompts, steps=min(output_len, max(engine.WARM_STEPS, capture)), capture=capture)
+        compile_stats = {k: v - before[k] for k, v in _compile_counters().items()}
+        timed = [eng.generate(prompts) for _ in range(max(1, runs))]
+    best = min(timed, key=lambda g: g.total_s)
+    metrics = phase_metrics(best, batch)
+    metrics["compile_s"] = warm.total_s
+    if compiled:
+        metrics["picks"] = picks.picks(codes)
+        metrics.update(compile_stats)
+    metrics["runs"] = len(timed)
+    return metrics, best, warm
+
+
+def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len: int = 256,
+           output_len: int = 512, device: str = "cuda", compile_mode: str | None = "max-autotune",
+           runs: int = 1, compare_steps: int = 4, tol: float = 0.05, seed: int = 0,
+           sides: tuple[Side, Side] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
+           compile_prefill: bool = True, log=sys.stderr) -> dict[str, Any]:
+    """Run A and B at each concurrency; returns the run's JSON-ready record (see report.py)."""
+    model = models.build_model(model_name, dtype=dtype, device=device, seed=seed)
+    swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed + 1)
+    prompts_all = torch.randint(0, vocab, (max(concurrencies), input_len), generator=gen)
+    rows = []
+    for batch in concurrencies:
+        print(f"[e2e] {model_name} {precision} concurrency {batch}", file=log, flush=True)
+        cache = engine.new_cache(model, batch, input_len + output_len)
+        prompts = prompts_all[:batch].to(device)
+        row: dict[str, Any] = {"concurrency": batch}
+        outs = {}
+        for side in sides:
+            try:
+                metrics, best, warm = run_side(model, cache, side, prompts, output_len, compile_mode, runs,
+                                               compare_steps, compile_prefill)
+                row[side.name] = metrics
+                outs[side.name] = (best, warm)
+                print(f"[e2e]   {side.name}: {metrics['tok_s']:.1f} tok/s, TPOT {metrics['tpot_ms']:.3f} ms, "
+                      f"compile {metrics['compile_s']:.1f} s", file=log, flush=True)
+            except Exception as exc:  # noqa: BLE001 - one side failing is a result; the other still runs
+                traceback.print_exc(file=log)
+                row[side.name] = {"error": short(exc, limit=300)}
+        a, b = sides[0].name, sides[1].name
+        if a in outs and b in outs:
+            (a_best, a_warm), (b_best, b_warm) = outs[a], outs[b]
+            row["agreement"] = logits_agreement(a_warm.logits, b_warm.logits, a_warm.tokens, b_warm.tokens, tol)
+            row["agreement"]["timed_token_match"] = float((a_best.tokens == b_best.tokens).double().mean())
+            row["speedup"] = row[b]["tok_s"] / row[a]["tok_s"]
+        if "picks" in row.get(b, {}):
+            row["winners"] = picks.describe(row[b]["picks"])
+        rows.append(row)
+        del cache, outs
+        if compile_mode is not None:
+            torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return {"kind": "tilefly-e2e", "schema": 1, "model": model_name, "precision": precision,
+            "input_len": input_len, "output_len": output_len, "runs": runs,
+            "compile_mode": compile_mode if compile_prefill or compile_mode is None
+            else f"{compile_mode} (decode only)",
+            "device": str(device), "dtype": str(dtype).replace("torch.", ""), "swapped_linears": len(swapped),
+            "sides": {s.name: asdict(s) for s in sides}, "rows": rows}

@@ -1,0 +1,48 @@
+"""Which GEMM kernels Inductor put in the compiled model: read from the generated wrapper code
+captured while compiling (``GraphLowering.save_output_code``, the hook ``run_and_get_code`` uses).
+
+tilefly's candidates are ExternKernelChoices named ``tilefly_<op>_<config>_v1``; a winning one is
+called by that name in the wrapper. Graphs loaded from Inductor's FX graph cache generate no
+code, so nothing is captured for them (``picks`` then says so).
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import Counter
+from typing import Any, Iterator
+
+TILEFLY_CALL = re.compile(r"\b(tilefly_[A-Za-z0-9_]+?_v\d+)\b")
+TRITON_TEMPLATE = re.compile(r"\btriton_tem_\w+")
+ATEN_GEMM = re.compile(r"\bextern_kernels\.(mm|addmm|bmm|_scaled_mm|scaled_mm)\(")
+
+
+@contextlib.contextmanager
+def capture_code() -> Iterator[list[str]]:
+    """Collect Inductor's generated wrapper code of every graph compiled inside the block."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        yield codes
+
+
+def picks(codes: list[str]) -> dict[str, Any]:
+    """GEMM call sites per kind over the captured code: tilefly configs by name, Triton template
+    kernels (distinct definitions) and ATen extern calls."""
+    if not codes:
+        return {"captured": 0, "note": "no generated code captured (graphs loaded from the FX graph cache?)"}
+    text = "\n".join(codes)
+    tilefly = Counter(TILEFLY_CALL.findall(text))
+    return {"captured": len(codes), "tilefly": dict(tilefly),
+            "triton_templates": len(set(TRITON_TEMPLATE.findall(text))),
+            "aten_gemm_calls": len(ATEN_GEMM.findall(text))}
+
+
+def describe(p: dict[str, Any]) -> str:
+    if not p.get("captured"):
+        return p.get("note", "")
+    won = ", ".join(f"{name} x{n}" for name, n in sorted(p["tilefly"].items())) or "none"
+    return f"tilefly {won}; Triton templates {p['triton_templates']}; ATen calls {p['aten_gemm_calls']}"

@@ -1,0 +1,172 @@
+"""E2E results: merge per-call JSONs into one report (Markdown, JSON, PNG).
+
+A run file (``run_ab``'s record plus the environment) holds one model x precision and its
+concurrencies. ``merge`` groups any number of them by (model, precision); a concurrency measured
+twice keeps the later run (by ``date``). MX tables show the BF16 model's side-B throughput
+beside them when a BF16 run of the same model is among the inputs (the issue's second target).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from tilefly.bench.report import _short_commit, num, times
+
+KIND = "tilefly-e2e"
+MERGED_KIND = "tilefly-e2e-merged"
+
+
+def load(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if data.get("kind") not in (KIND, MERGED_KIND):
+        raise ValueError(f"{path} is not an e2e result (kind={data.get('kind')!r})")
+    return data
+
+
+def _runs(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(data["runs"]) if data.get("kind") == MERGED_KIND else [data]
+
+
+def _key(run: dict[str, Any]) -> tuple[Any, ...]:
+    """Runs merge into one table only when they measured the same thing."""
+    return (run["model"], run["precision"], run["input_len"], run["output_len"], run.get("compile_mode"))
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One merged record: ``runs`` = one entry per (model, precision), rows sorted by concurrency."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    runs = sorted((run for part in parts for run in _runs(part)), key=lambda r: r.get("date", ""))
+    grouped: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        key = _key(run)
+        target = grouped.setdefault(key, {**{k: v for k, v in run.items() if k != "rows"}, "rows": {}})
+        target.update({k: v for k, v in run.items() if k != "rows"})  # the latest run's environment
+        for row in run["rows"]:
+            target["rows"][row["concurrency"]] = row
+    merged_runs = []
+    for run in grouped.values():
+        run["rows"] = [run["rows"][c] for c in sorted(run["rows"])]
+        merged_runs.append(run)
+    envs = sorted({(r.get("gpu", "?"), r.get("torch", "?"), r.get("commit", "?")) for r in runs})
+    return {"kind": MERGED_KIND, "schema": 1, "runs": merged_runs,
+            "notes": [f"merged from runs with different environments: {envs}"] if len(envs) > 1 else []}
+
+
+def _bf16_b(merged: dict[str, Any], run: dict[str, Any]) -> dict[int, float]:
+    """The BF16 model's side-B tok/s per concurrency, from the run that matches ``run`` but for precision."""
+    def same_setup(key):
+        return key[:1] + key[2:]
+
+    for other in merged["runs"]:
+        if other["precision"] == "bf16" and same_setup(_key(other)) == same_setup(_key(run)):
+            return {row["concurrency"]: row["B"]["tok_s"] for row in other["rows"] if "tok_s" in row.get("B", {})}
+    return {}
+
+
+def _tok_s(row: dict[str, Any], side: str) -> str:
+    res = row.get(side, {})
+    return num(res["tok_s"]) if "tok_s" in res else ("error" if "error" in res else "")
+
+
+def _agreement(row: dict[str, Any]) -> str:
+    agree = row.get("agreement")
+    if not agree:
+        return ""
+    err = agree.get("max_rel_err")
+    verdict = "ok" if agree.get("ok") else "**MISMATCH**"
+    return f"{verdict} ({err:.1e}, tokens {100 * agree['token_match']:.0f}%)" if err is not None else verdict
+
+
+def run_table(run: dict[str, Any], bf16_b: dict[int, float]) -> list[str]:
+    mx = run["precision"] != "bf16" and bool(bf16_b)
+    head = ["concurrency", "A tok/s", "B tok/s", "B/A", "A TPOT ms", "B TPOT ms", "A TTFT ms", "B TTFT ms",
+            "compile A/B s", *(["BF16 B tok/s", "B/BF16"] if mx else []), "A vs B logits", "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if h != "notes" else "---" for h in head) + "|"]
+    for row in run["rows"]:
+        a, b = row.get("A", {}), row.get("B", {})
+        speed = times(row["speedup"]) if row.get("speedup") else ""
+        compile_s = "/".join(f"{x['compile_s']:.0f}" if "compile_s" in x else "-" for x in (a, b))
+        cells = [row["concurrency"], _tok_s(row, "A"), _tok_s(row, "B"), speed,
+                 *(f"{x['tpot_ms']:.2f}" if "tpot_ms" in x else "" for x in (a, b)),
+                 *(f"{x['ttft_ms']:.0f}" if "ttft_ms" in x else "" for x in (a, b)), compile_s]
+        if mx:
+            ref = bf16_b.get(row["concurrency"])
+            cells += [num(ref) if ref else "", times(b["tok_s"] / ref) if ref and "tok_s" in b else ""]
+        notes = [f"{side}: {row[side]['error']}" for side in ("A", "B") if "error" in row.get(side, {})]
+        notes += [f"{side}: CUDA graphs skipped {row[side]['cudagraph_skips']}x" for side in ("A", "B")
+                  if row.get(side, {}).get("cudagraph_skips")]
+        if row.get("winners"):
+            notes.append(f"B's GEMMs: {row['winners']}")
+        cells += [_agreement(row), "; ".join(notes)]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def markdown(merged: dict[str, Any]) -> str:
+    lines = ["## e2e: LLM decoding throughput, A (ATEN,TRITON) vs B (ATEN,TRITON,TILEFLY)", ""]
+    lines += [f"> {note}" for note in merged.get("notes", [])]
+    for run in merged["runs"]:
+        sides = run.get("sides", {})
+        mx_note = (f"; MX layers: A {sides.get('A', {}).get('mx_backend')}, B {sides.get('B', {}).get('mx_backend')}"
+                   if run["precision"] != "bf16" else "")
+        lines += ["", f"### {run['model']} · {run['precision']}", "",
+                  f"GPU {run.get('gpu', '?')} · torch {run.get('torch', '?')} · transformers "
+                  f"{run.get('transformers', '?')} · commit {_short_commit(run.get('commit', 'unknown'))} · "
+                  f"{run.get('date', '?')}  ",
+                  f"{run['input_len']} input + {run['output_len']} output tokens per request, greedy, static KV "
+                  f"cache; compile mode {run.get('compile_mode')}; tok/s = output tokens / (prefill + decode), "
+                  f"best of {run.get('runs', 1)} run(s); compile and autotuning excluded (column compile){mx_note}.",
+                  "", *run_table(run, _bf16_b(merged, run))]
+    return "\n".join(lines) + "\n"
+
+
+def plot(merged: dict[str, Any], path: str) -> str | None:
+    """Throughput vs concurrency, A and B, one panel per (model, precision). None on success,
+    else why no PNG was written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'tilefly[bench]'): no PNG written"
+    runs = merged["runs"]
+    fig, axes = plt.subplots(1, len(runs), squeeze=False, figsize=(4.5 * len(runs), 3.6))
+    for ax, run in zip(axes[0], runs):
+        for side, style in (("A", "o--"), ("B", "s-")):
+            pts = [(r["concurrency"], r[side]["tok_s"]) for r in run["rows"] if "tok_s" in r.get(side, {})]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{side}: {run.get('sides', {}).get(side, {}).get('backends', side)}")
+        if run["precision"] != "bf16":
+            ref = sorted(_bf16_b(merged, run).items())
+            if ref:
+                ax.plot(*zip(*ref), "^:", color="gray", label="B of the BF16 model")
+        concurrencies = sorted({r["concurrency"] for r in run["rows"]})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tok/s")
+        ax.set_title(f"{run['model']} {run['precision']}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def write_all(merged: dict[str, Any], out_dir: str, name: str = "e2e", png: bool = True) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, name)
+    with open(base + ".json", "w", encoding="utf-8") as f:
+        json.dump(merged, f, indent=1, allow_nan=False)
+        f.write("\n")
+    with open(base + ".md", "w", encoding="utf-8") as f:
+        f.write(markdown(merged))
+    written = [base + ".json", base + ".md"]
+    if png:
+        written.append(plot(merged, base + ".png") or base + ".png")
+    return written
