@@ -67,3 +67,9 @@ def test_enable_without_ops_installs_the_default_families_only():
     assert "attention" not in enabled, "attention is opt-in until a tuning database ships"
     tilefly.enable(["attention"])
     assert "attention" in tilefly.enabled_ops()
+
+
+@pytest.mark.parametrize("bad", [3, [1, 2]])
+def test_enable_names_the_argument_on_bad_types(bad):
+    with pytest.raises(TypeError, match="ops must"):
+        tilefly.enable(bad)

@@ -33,7 +33,13 @@ def _families(ops_arg: Iterable[str] | str | None) -> list[str]:
         ops_arg = [ops_arg]
     if ops_arg is None:
         ops_arg = config.ops or _ops.defaults()
-    names = list(ops_arg)
+    try:
+        names = list(ops_arg)
+    except TypeError:
+        raise TypeError(f"tilefly.enable/disable: ops must be a family name or an iterable of names, "
+                        f"got {type(ops_arg).__name__}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"tilefly.enable/disable: ops must hold family names (str), got {names!r}")
     unknown = [n for n in names if n not in _ops.FAMILIES]
     if unknown:
         raise ValueError(f"tilefly.enable: ops has unknown names {unknown}; known: {', '.join(sorted(_ops.FAMILIES))}")
