@@ -5,7 +5,7 @@
     python -m tilefly.ops.gemm.sweep --layouts NN,NT,TN,TT --dtype fp16 --out /tmp/sweep.json
     python -m tilefly.ops.gemm.sweep --search exhaustive --match splitk128x16,splitk64x16 --shapes 16x4096x4096
 
-Per shape: ATen's time, each config's time (median of triton.testing.do_bench,
+Per shape: ATen's time, each config's time (median of tilefly.bench.timing.measure,
 which flushes L2 before every call), TFLOP/s, for M <= 256 the achieved bandwidth
 on B, and the max error against ATen; then the best config and a geomean of
 best/ATen over the shapes. Configs ``offered`` for a shape are marked with *;
@@ -40,14 +40,14 @@ def _operands(m, n, k, layout, dtype):
 
 def sweep_shape(m, n, k, layout, dtype, search, match=None, echo=print) -> dict:
     import torch
-    from triton.testing import do_bench
 
+    from tilefly.bench.timing import QUICK, measure
     from tilefly.ops.gemm import configs, launch
 
     a, b = _operands(m, n, k, layout, dtype)
     ref = a @ b
     flops = 2.0 * m * n * k
-    t_aten = do_bench(lambda: torch.mm(a, b), return_mode="median") * 1e3
+    t_aten = measure(lambda: torch.mm(a, b), QUICK).median_us
     row = {"m": m, "n": n, "k": k, "layout": layout, "aten_us": t_aten, "configs": {}}
     echo(f"\n{m}x{n}x{k} {layout}: ATen {t_aten:8.1f} us {flops / t_aten / 1e6:7.1f} TFLOP/s")
     offered = set(configs.offered(m, n, k, search))
@@ -60,7 +60,7 @@ def sweep_shape(m, n, k, layout, dtype, search, match=None, echo=print) -> dict:
             out.fill_(float("nan"))
             launch.run(cfg, a, b, out)
             err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
-            t = do_bench(lambda cfg=cfg: launch.run(cfg, a, b, out), return_mode="median") * 1e3
+            t = measure(lambda cfg=cfg: launch.run(cfg, a, b, out), QUICK).median_us
         except launch.Unsupported as exc:
             echo(f"  {cfg.name:<34} unsupported: {exc}")
             continue

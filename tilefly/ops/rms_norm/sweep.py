@@ -8,7 +8,7 @@
     python -m tilefly.ops.rms_norm.sweep --host           # CPU only: predicate and op host cost
 
 Per case: ATen's ``_fused_rms_norm``, the heuristic's config and the fastest candidate
-(``configs.candidates``), each the median of ``triton.testing.do_bench`` with L2 flushed before
+(``configs.candidates``), each the median of ``tilefly.bench.timing.measure`` (QUICK) with L2 flushed before
 every repetition, and effective bandwidth (read x, read w, write y); "op us" is F.rms_norm with
 tilefly enabled (router, predicate, wrapper, heuristic config). The last lines are the winners
 as ``configs.TUNED`` entries and the geometric-mean speedups over ATen.
@@ -45,9 +45,9 @@ def suite_cases(suite: str) -> list[tuple[str, int, int]]:
 
 
 def bench_us(fn) -> float:
-    import triton.testing
+    from tilefly.bench.timing import QUICK, measure
 
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+    return measure(fn, QUICK).median_us
 
 
 def sweep_case(dtype: str, M: int, N: int, quick: bool) -> dict:

@@ -11,7 +11,8 @@ filter / atomic radix kernels the sieve and bitmask kernels replaced, so one
 run compares old and new on the same GPU), and each plan variant launched
 directly (``launch.topk_rows(plan=...)``). Every variant's output is checked
 against ATen's values and against its own indices before it is timed. Timing
-is ``triton.testing.do_bench`` (L2 flushed before each call, median).
+is ``tilefly.bench.timing.measure`` with the QUICK policy, as the benchmark tables (L2 flushed
+before each call, median).
 
 Variants are compiled first in ``--jobs`` worker processes (each runs its
 variants once on the real shape, so Triton's on-disk cache holds exactly the
@@ -143,9 +144,9 @@ def _compile_worker(job: tuple[dict, list]) -> list[str | None]:
 
 
 def _bench(fn) -> float:
-    from triton.testing import do_bench
+    from tilefly.bench.timing import QUICK, measure
 
-    return do_bench(fn, warmup=10, rep=40, return_mode="median") * 1000.0
+    return measure(fn, QUICK).median_us
 
 
 def _describe(plan, base, legacy) -> str:
