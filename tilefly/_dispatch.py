@@ -247,7 +247,7 @@ def _failed(impl: Impl, exc: Exception) -> str:
 
 def _make_handler(op: str, impls: tuple[Impl, ...], original) -> Callable[..., Any]:
     def handler(keyset, *args, **kwargs):
-        reasons = []
+        reasons = None  # built only when an implementation declines: the served path allocates nothing
         for impl in impls:
             reason = impl.predicate(*args, **kwargs)
             if reason is None:
@@ -259,6 +259,8 @@ def _make_handler(op: str, impls: tuple[Impl, ...], original) -> Callable[..., A
                     if _recorders or _log.isEnabledFor(logging.DEBUG):
                         _observe(op, impl.name, None)
                     return out
+            if reasons is None:
+                reasons = []
             reasons.append(reason if len(impls) == 1 else f"{impl.name}: {reason}")
         if _recorders or _log.isEnabledFor(logging.DEBUG):
             _observe(op, None, "; ".join(reasons))

@@ -38,7 +38,8 @@ from __future__ import annotations
 import torch
 
 from tilefly import _device, config
-from tilefly.ops.topk import configs
+# launch.py imports only torch and configs; the kernel modules load on first launch.
+from tilefly.ops.topk import configs, launch
 
 SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -93,8 +94,6 @@ def topk_values_reason(self, k, dim=-1, largest=True, sorted=True, *, values, in
 
 
 def topk(self, k, dim=-1, largest=True, sorted=True):
-    from tilefly.ops.topk import launch
-
     values, indices = launch.empty_outputs((*self.shape[:-1], k), self.dtype, self.device)
     _run(self, k, largest, values, indices)
     return values, indices
@@ -110,8 +109,6 @@ def topk_values(self, k, dim=-1, largest=True, sorted=True, *, values, indices):
 
 
 def _run(x, k, largest, values, indices):
-    from tilefly.ops.topk import launch
-
     N = x.shape[-1]
     rows = x.reshape(-1, N)  # a view when the leading strides allow it
     if rows.stride(-1) != 1:
