@@ -31,6 +31,15 @@ def prefetch(a_desc, b_desc, a_bufs, b_bufs, bars, first_item, off_m, off_n, k_f
 
 
 @gluon.jit
+def mma_step(a_bufs, b_bufs, slot, acc, A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr):
+    """One async wgmma on ring slot ``slot``; waits until at most this one group is in flight,
+    so the slot read by the previous group can be refilled."""
+    acc = warpgroup_mma(lhs_operand(a_bufs, slot, A_KMAJOR), rhs_operand(b_bufs, slot, B_KMAJOR), acc,
+                        is_async=True)
+    return warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+
+
+@gluon.jit
 def mainloop(a_desc, b_desc, a_bufs, b_bufs, bars, first_item, off_m, off_n, k_first, k_iters, acc,
              A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr):
     """Accumulate k_iters K-steps into acc; ``prefetch`` must have issued the first
@@ -38,10 +47,7 @@ def mainloop(a_desc, b_desc, a_bufs, b_bufs, bars, first_item, off_m, off_n, k_f
     for k in range(k_iters):
         item = first_item + k
         wait_ready(bars, item, STAGES)
-        slot = item % STAGES
-        acc = warpgroup_mma(lhs_operand(a_bufs, slot, A_KMAJOR), rhs_operand(b_bufs, slot, B_KMAJOR), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        acc = mma_step(a_bufs, b_bufs, item % STAGES, acc, A_KMAJOR, B_KMAJOR)
         ahead = k + STAGES - 1
         issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, first_item + ahead, off_m, off_n,
                    (k_first + ahead) * BLOCK_K, A_KMAJOR, B_KMAJOR, STAGES, pred=ahead < k_iters)
@@ -56,10 +62,7 @@ def mainloop_consumer(a_bufs, b_bufs, ready, empty, first_item, k_iters, acc,
     for k in range(k_iters):
         item = first_item + k
         wait_ready(ready, item, STAGES)
-        slot = item % STAGES
-        acc = warpgroup_mma(lhs_operand(a_bufs, slot, A_KMAJOR), rhs_operand(b_bufs, slot, B_KMAJOR), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        acc = mma_step(a_bufs, b_bufs, item % STAGES, acc, A_KMAJOR, B_KMAJOR)
         mbarrier.arrive(empty.index((item + STAGES - 1) % STAGES), count=1, pred=k > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(empty.index((first_item + k_iters + STAGES - 1) % STAGES), count=1, pred=k_iters > 0)
