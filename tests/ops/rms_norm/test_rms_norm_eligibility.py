@@ -258,3 +258,15 @@ def test_host_cost_benchmark_runs_on_cpu_and_restores_what_it_stubs(capsys):
     assert "predicate + op" in out and out.count("us per call") == 4
     assert _device.hopper_reason is reason and launcher._raw_stream is stream
     assert "get_device" not in torch.Tensor.__dict__ and eager._recent is None
+
+
+def test_a_cuda_input_on_another_gpu_generation_stays_on_aten(monkeypatch):
+    """The device check runs when a CUDA key's plan is built (not skipped for CUDA tensors)."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0, raising=False)
+    monkeypatch.setattr(_device, "hopper_reason", lambda t: "GPU is sm_80, tilefly's kernels target sm_90 (Hopper)")
+    monkeypatch.setattr(eager, "_recent", None)
+    eager._plans.clear()
+    try:
+        assert "sm_80" in eager.rms_norm_reason(torch.randn(64, 4096, dtype=torch.float16), [4096])
+    finally:
+        eager._plans.clear()

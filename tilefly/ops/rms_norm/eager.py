@@ -164,13 +164,18 @@ def _new_plan(key, input, normalized_shape, weight) -> Plan:
 
 
 def _build_plan(input, normalized_shape, weight) -> Plan:
-    """Every check of the eligibility table except the device's, and the launch facts."""
+    """Every check of the eligibility table (the device's for CUDA inputs; rms_norm_reason checks
+    other devices before any key is built), and the launch facts."""
     plan = _check(input, normalized_shape, weight)
     plan.norm = list(normalized_shape)
     return plan
 
 
 def _check(input, normalized_shape, weight) -> Plan:
+    if input.get_device() >= 0:  # CUDA: which GPU (cached in the plan, whose key holds the device)
+        reason = _device.hopper_reason(input)
+        if reason is not None:
+            return Plan(reason)
     dtype = input.dtype
     if dtype not in SERVED_DTYPES:
         return Plan(f"dtype {dtype} is not served (float16, bfloat16, float32)")
