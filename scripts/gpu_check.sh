@@ -3,7 +3,7 @@
 # suites, and leave logs and JSON under $OUT (default ./gpu_out).
 #
 #   COMMIT=<sha> scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
-#                                     [--run "SHELL COMMAND"] [--no-tests]
+#                                     [--run "SHELL COMMAND"] [--no-tests] [--step-limit SECONDS]
 #
 # The device's copy of the tree has no .git: pass the commit being measured in
 # COMMIT so the benchmark JSON records it. Example (the first call of a session):
@@ -11,13 +11,17 @@
 #
 # The device returns at most 8 files from $OUT, so everything (test logs, each
 # suite's Markdown, JSON and PNG) lands in $OUT/results.tgz beside the summary log.
+# The archive is rewritten after every step and each step runs under
+# `timeout --step-limit` (default 300 s), so a call that runs past the device's
+# limit still brings back everything finished before it.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 WORK=$(mktemp -d)
 mkdir -p "$OUT" "$WORK/bench"
+export WORK  # --run commands write their files under $WORK
 export PYTHONUNBUFFERED=1
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-TESTS="tests"; BENCH=""; QUICK=""; RUN=()
+TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS="$2"; shift 2 ;;
@@ -25,36 +29,42 @@ while [ $# -gt 0 ]; do
     --bench) BENCH="$2"; shift 2 ;;
     --quick) QUICK="--quick"; shift ;;
     --run) RUN+=("$2"); shift 2 ;;
+    --step-limit) STEP_LIMIT="$2"; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 LOG="$OUT/gpu_check.log"
 say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+pack() { cp "$LOG" "$WORK/"; tar czf "$OUT/results.tgz.part" -C "$WORK" . 2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
+step() { timeout --kill-after=10 "$STEP_LIMIT" "$@"; local rc=$?; [ $rc -eq 124 ] && echo "(step stopped after ${STEP_LIMIT} s)" | tee -a "$LOG"; return $rc; }
 
 say "install"
 python3 -m pip install -e . --no-deps --no-build-isolation -q >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log" | tee -a "$LOG"; exit 1; }
 python3 -m tilefly doctor 2>&1 | tee "$WORK/doctor.txt" | head -12 | tee -a "$LOG"
 python3 scripts/router_overhead.py --json "$WORK/router_overhead.json" 2>&1 | tee -a "$LOG"
+pack
 
 if [ -n "$TESTS" ]; then
   say "GPU tests: $TESTS"
-  python3 -m pytest -q -m cuda -p no:cacheprovider $TESTS >"$WORK/gpu_tests.log" 2>&1
+  step python3 -m pytest -q -m cuda -p no:cacheprovider $TESTS >"$WORK/gpu_tests.log" 2>&1
   echo "pytest exit $?" >>"$WORK/gpu_tests.log"
   grep -E "passed|failed|error|FAILED|ERROR" "$WORK/gpu_tests.log" | tail -40 | tee -a "$LOG"
+  pack
 fi
 
 for cmd in "${RUN[@]}"; do
   say "run: $cmd"
-  bash -c "$cmd" 2>&1 | tee -a "$WORK/run.log" | tail -60 | tee -a "$LOG"
+  step bash -c "$cmd" 2>&1 | tee -a "$WORK/run.log" | tail -60 | tee -a "$LOG"
+  pack
 done
 
 for suite in $BENCH; do
   say "bench $suite $QUICK"
-  python3 -m tilefly bench --suite "$suite" $QUICK --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
+  step python3 -m tilefly bench --suite "$suite" $QUICK --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
   echo "bench exit $?" >>"$WORK/bench/$suite.md.log"
   cat "$WORK/bench/$suite.md.log" | grep -v "it/s\]" | tail -80 >>"$LOG"
+  pack
 done
 
 say "done"
-cp "$LOG" "$WORK/"
-tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+pack
