@@ -41,7 +41,7 @@ step() { timeout --kill-after=10 "$STEP_LIMIT" "$@"; local rc=$?; [ $rc -eq 124 
 say "install"
 python3 -m pip install -e . --no-deps --no-build-isolation -q >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log" | tee -a "$LOG"; exit 1; }
 python3 -m tilefly doctor 2>&1 | tee "$WORK/doctor.txt" | head -12 | tee -a "$LOG"
-python3 scripts/router_overhead.py --json "$WORK/router_overhead.json" 2>&1 | tee -a "$LOG"
+python3 scripts/router_overhead.py --ops --json "$WORK/router_overhead.json" 2>&1 | tee -a "$LOG"
 pack
 
 if [ -n "$TESTS" ]; then

@@ -9,7 +9,12 @@ clock only: the device is synchronized before each batch and after the clock
 stops, and batches are short enough (200 calls) that the launch queue never
 fills, so device time stays out of the figure.
 
-    python scripts/router_overhead.py [--device cuda|cpu] [--json FILE]
+With ``--ops`` (CUDA) it also times the real served paths the same way: each
+family's op on a small input with tilefly disabled (ATen) and enabled (router,
+predicate, wrapper and kernel launch), so the figure is the host cost a user's
+eager call pays.
+
+    python scripts/router_overhead.py [--device cuda|cpu] [--ops] [--json FILE]
 """
 from __future__ import annotations
 
@@ -64,9 +69,35 @@ def measure(device: str, calls: int = 200, batches: int = 51) -> dict[str, float
     return result
 
 
+def op_costs(calls: int = 200, batches: int = 31) -> dict[str, dict[str, float]]:
+    """Host µs per call of each served family op, ATen vs tilefly, on inputs tilefly serves."""
+    import tilefly
+    import torch.nn.functional as F
+
+    sync = torch.cuda.synchronize
+    x_norm = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    w_norm = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    x_small = torch.randn(256, 1024, device="cuda")
+    x_radix = torch.randn(256, 8192, device="cuda")
+    ops = {
+        "rms_norm bf16 8x4096": lambda: F.rms_norm(x_norm, (4096,), w_norm, 1e-6),
+        "topk fp32 256x1024 k=8": lambda: torch.topk(x_small, 8),
+        "topk fp32 256x8192 k=64": lambda: torch.topk(x_radix, 64),
+    }
+    out = {}
+    for name, fn in ops.items():
+        aten = _per_call_us(fn, calls, batches, sync)
+        with tilefly.enabled(["rms_norm", "topk"]):
+            report = tilefly.explain(fn)
+            served = _per_call_us(fn, calls, batches, sync)
+        out[name] = {"aten_us": aten, "tilefly_us": served, "served": bool(report.served)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--ops", action="store_true", help="also time the real served ops (CUDA)")
     parser.add_argument("--json")
     args = parser.parse_args()
     result = measure(args.device)
@@ -76,6 +107,11 @@ def main() -> None:
     print(f"  ATen topk                 {result['aten_us']:6.2f}")
     print(f"  served (router + wrapper) {result['served_us']:6.2f}  (+{result['served_added_us']:.2f})")
     print(f"  fallback (router, ATen)   {result['fallback_us']:6.2f}  (+{result['fallback_added_us']:.2f})")
+    if args.ops:
+        result["ops"] = op_costs()
+        for name, r in result["ops"].items():
+            print(f"  {name:<26} ATen {r['aten_us']:6.2f}  tilefly {r['tilefly_us']:6.2f}"
+                  f"{'' if r['served'] else '  (not served!)'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

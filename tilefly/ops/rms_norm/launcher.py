@@ -48,7 +48,7 @@ _direct_ok = None       # Triton's C launcher takes the argument list written be
 # Calling Triton's C launch function directly (skipping CompiledKernel.run's scratch handling)
 # saves host time but has not run on the H200 yet; CompiledKernel.run, which the GPU tests
 # passed with, serves until then. Flip after tests/ops/rms_norm passes on the GPU with it on.
-DIRECT_C_LAUNCH = False
+DIRECT_C_LAUNCH = True
 
 
 def launch(x: torch.Tensor, weight, y: torch.Tensor, rstd: torch.Tensor, eps, config=None) -> None:
