@@ -7,9 +7,15 @@ Installing an op captures the kernel currently registered for the dispatch key
 handler in its place:
 
     handler(keyset, *args, **kwargs):
-        for each implementation:  predicate(*args, **kwargs) -> None | reason
+        for each implementation:  predicate(*args, **kwargs) -> None | reason | plan
             None   -> return implementation(*args, **kwargs)
+            plan   -> return implementation(plan, *args, **kwargs)   (Impl.takes_plan)
         return original.call_boxed(keyset, *args, **kwargs)
+
+A reason is a ``str``; an implementation with ``takes_plan`` may get anything
+else from its predicate (what it worked out about the call: grid, cached launch),
+so the op does not redo the predicate's work and no state passes between the two
+outside the call.
 
 Calling the captured kernel, not re-dispatching, is what keeps the fallback
 from re-entering this handler. Autograd sits above the dispatch key, so
@@ -42,7 +48,7 @@ __all__ = ["Impl", "TileflyKernelError", "register", "install", "uninstall", "in
 
 _log = logging.getLogger("tilefly.dispatch")
 
-Predicate = Callable[..., "str | None"]
+Predicate = Callable[..., Any]  # None (serve), a reason str (decline), or a plan (takes_plan)
 
 
 class TileflyKernelError(RuntimeError):
@@ -57,6 +63,7 @@ class Impl:
     predicate: Predicate
     fn: Callable[..., Any]
     dispatch_key: str = "CUDA"
+    takes_plan: bool = False  # fn(plan, *args, **kwargs) with the predicate's non-str answer
 
 
 @dataclass(frozen=True)
@@ -250,9 +257,9 @@ def _make_handler(op: str, impls: tuple[Impl, ...], original) -> Callable[..., A
         reasons = None  # built only when an implementation declines: the served path allocates nothing
         for impl in impls:
             reason = impl.predicate(*args, **kwargs)
-            if reason is None:
+            if reason is None or (impl.takes_plan and reason.__class__ is not str):
                 try:
-                    out = impl.fn(*args, **kwargs)
+                    out = impl.fn(reason, *args, **kwargs) if impl.takes_plan else impl.fn(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - policy decides; ATen recomputes all outputs
                     reason = _failed(impl, exc)
                 else:

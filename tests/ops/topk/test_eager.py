@@ -74,7 +74,7 @@ def test_out_variant_checks_its_tensors(on_hopper):
 def test_both_overloads_are_registered_with_their_predicates():
     tilefly.ops.load("topk")
     impls = {i.op: i for i in _dispatch.registered("topk")}
-    assert impls["aten::topk"].predicate is eager.topk_reason and impls["aten::topk"].fn is eager.topk
+    assert impls["aten::topk"].predicate is eager.topk_plan and impls["aten::topk"].fn is eager.topk_served
     has_out_kernel = True
     try:
         torch.library.get_kernel("aten::topk.values", "CUDA")

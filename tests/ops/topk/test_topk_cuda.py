@@ -17,6 +17,9 @@ SHAPES = [(1, 1), (5, 2), (5, 5), (1000, 7), (1000, 1000), (1024, 8), (1024, 16)
 
 @pytest.fixture(autouse=True)
 def _served():
+    from tilefly.ops.topk import eager
+
+    eager._plans.clear()  # tests that patch configs must not replay another test's launches
     config.force = True  # small shapes are outside the performance band
     tilefly.enable("topk")
     yield
@@ -235,3 +238,20 @@ def test_band_keeps_whole_row_sorts_on_aten_without_force():
         torch.topk(_data(2, 4097), 1024)
         torch.topk(_data(2, 2048), 1024)  # a whole-row sort: ATen's
     assert decisions[0].impl == "triton_topk" and decisions[1].impl is None
+
+
+@pytest.mark.parametrize("N,k", [(1024, 8), (4097, 16), (32768, 257), (262144, 1024), (1000, 7)])
+def test_replayed_launches_match_on_new_buffers(N, k):
+    """The second call of a shape replays the first call's launches (eager.topk_served): fresh
+    inputs each time, one of them at a 4-byte offset (same shape and strides, unaligned pointer,
+    so it must not take a replay specialized on alignment), all against the reference."""
+    from tilefly.ops.topk import eager
+
+    rows = 3
+    for seed in range(3):
+        _check(_data(rows, N, seed=seed), k)
+    buf = _data(1, rows * N + 1, seed=7).view(-1)
+    _check(buf[1:].view(rows, N), k)
+    _check(_data(rows, N, seed=9), k, largest=False)
+    plans = [p for p in eager._plans.values() if isinstance(p, eager.Served)]
+    assert plans and all(p.replay is not None for p in plans), "no call was replayed"

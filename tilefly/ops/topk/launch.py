@@ -8,14 +8,26 @@ call its C launcher directly. The key is at least as fine as Triton's own
 (dtype and 16-byte alignment of each pointer; for each int whether it is 1,
 a multiple of 16, and 32-bit), so a cached kernel never runs on arguments it
 was not specialized for. Under TRITON_INTERPRET=1 every call goes through Triton.
+
+Replay (the op's hot path, eager.py): ``trace`` runs one ``topk_rows`` call while
+recording every launch (compiled kernel, grid, arguments) and the scratch it
+allocated, and maps each pointer argument to an offset from the input, the two
+outputs or the scratch. A later call with the same input metadata (eager.py's
+cache key) then allocates the scratch and makes the same launches through
+Triton's C launcher (tilefly._triton_launch), its pointers rebased: no plan
+lookup, no views, no argument specialization.
 """
 from __future__ import annotations
 
 import importlib
+import threading
 
 import torch
 
+from tilefly import _triton_launch
 from tilefly.ops.topk import configs
+
+_tracing = threading.local()  # .launches [(compiled, grid, args)] and .scratch [tensor] while trace() runs
 
 _KERNEL_MODULES = {"small": "tilefly.ops.topk.kernels_small", "radix": "tilefly.ops.topk.kernels_radix",
                    "sieve": "tilefly.ops.topk.kernels_sieve", "bitmask": "tilefly.ops.topk.kernels_bitmask"}
@@ -36,14 +48,16 @@ class _Kernel:
             return
         key = (device.index, num_warps, tuple(constexprs.values()), tuple(_spec(a) for a in args))
         kernel = self.compiled.get(key)
+        full = (*args, *constexprs.values())
         if kernel is None:
             kernel = self.fn[grid](*args, **constexprs, num_warps=num_warps)
             self.compiled[key] = kernel
+            _record(kernel, grid, full)
             return
+        _record(kernel, grid, full)
         from triton import knobs
 
         enter = knobs.runtime.launch_enter_hook
-        full = (*args, *constexprs.values())
         stream = torch._C._cuda_getCurrentRawStream(device.index)
         meta = kernel.launch_metadata(grid, stream, *full) if enter is not None else None
         g1 = grid[1] if len(grid) > 1 else 1
@@ -83,6 +97,7 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool, values: torch.Tensor, indi
     largest = bool(largest)
     if plan.kind == "sieve":
         scratch = _scratch((rows * plan.CAP,), torch.int64, x.device)
+        _record_scratch(scratch)
         _sieve((rows,), (x, values, indices, scratch, N, stride, k),
                dict(LARGEST=largest, E=plan.E, G=plan.G, TEAMS=plan.TEAMS, CAP=plan.CAP, EVEN=plan.even,
                     BLOCK=plan.block), plan.num_warps)
@@ -101,6 +116,7 @@ def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
     rows, N = x.shape
     batch = min(rows, plan.batch_rows())
     scratch = _scratch((batch * (plan.C + 1),), torch.int64, x.device)  # one allocation for all three
+    _record_scratch(scratch)
     cand = scratch[:batch * plan.C]
     tau, count = scratch[batch * plan.C:].view(torch.int32).split(batch)
     chunks = _cdiv(N, plan.chunk)
@@ -124,6 +140,79 @@ def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
         select((n,), (*select_args, cand, vb, ib, N, stride, k), select_meta, plan.select_warps)
 
 
+class Replay:
+    """The launches of one traced ``topk_rows`` call, ready to repeat on new buffers."""
+
+    __slots__ = ("steps", "scratch_numel", "x_misaligned")
+
+    def __call__(self, x_ptr: int, values_ptr: int, indices_ptr: int, index: int, device) -> None:
+        scratch = _scratch((self.scratch_numel,), torch.int64, device) if self.scratch_numel else None
+        bases = (x_ptr, values_ptr, indices_ptr, 0 if scratch is None else scratch.data_ptr())
+        stream = _triton_launch.current_stream(index)
+        for direct, g0, g1, spec in self.steps:
+            direct(g0, g1, stream, tuple(v if b < 0 else bases[b] + v for b, v in spec))
+
+
+def trace(x: torch.Tensor, rows: torch.Tensor, k: int, largest: bool, values: torch.Tensor,
+          indices: torch.Tensor) -> Replay | None:
+    """Run ``topk_rows(rows, ...)`` (``rows``: a view of ``x``) and return its Replay, or None
+    when a launch cannot be replayed (a copy of the input, Triton launch hooks, another Triton)."""
+    _tracing.launches, _tracing.scratch = [], []
+    try:
+        topk_rows(rows, k, largest, values.view(-1, k), indices.view(-1, k))
+        launches, scratches = _tracing.launches, _tracing.scratch
+    finally:
+        _tracing.launches = _tracing.scratch = None
+    if not x.is_cuda or not launches or rows.data_ptr() != x.data_ptr() or len(scratches) > 1:
+        return None
+    from triton import knobs
+
+    if knobs.runtime.launch_enter_hook is not None:
+        return None
+    scratch = scratches[0] if scratches else None
+    regions = [_region(x), _region(values), _region(indices),
+               _region(scratch) if scratch is not None else (0, 0)]
+    steps = []
+    for kernel, grid, args in launches:
+        direct = _triton_launch.direct(kernel) if hasattr(kernel, "packed_metadata") else None
+        if direct is None:
+            return None
+        spec = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                ptr = a.data_ptr()
+                base = next((i for i, (lo, hi) in enumerate(regions) if lo <= ptr < hi), None)
+                if base is None:
+                    return None
+                spec.append((base, ptr - regions[base][0]))
+            else:
+                spec.append((-1, a))
+        steps.append((direct, grid[0], grid[1] if len(grid) > 1 else 1, tuple(spec)))
+    replay = Replay()
+    replay.steps, replay.scratch_numel = tuple(steps), 0 if scratch is None else scratch.numel()
+    replay.x_misaligned = x.data_ptr() % 16 != 0  # the kernels were specialized on it
+    return replay
+
+
+def _region(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte) that ``t`` can address."""
+    lo = t.data_ptr()
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return lo, lo + extent * t.element_size()
+
+
+def _record(kernel, grid, args) -> None:
+    launches = getattr(_tracing, "launches", None)
+    if launches is not None:
+        launches.append((kernel, grid, args))
+
+
+def _record_scratch(t: torch.Tensor) -> None:
+    scratch = getattr(_tracing, "scratch", None)
+    if scratch is not None:
+        scratch.append(t)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -134,10 +223,12 @@ def _scratch(shape, dtype, device) -> torch.Tensor:
     if torch._C._get_deterministic_fill_uninitialized_memory() and torch.are_deterministic_algorithms_enabled():
         torch._C._set_deterministic_fill_uninitialized_memory(False)
         try:
-            return torch.empty(shape, dtype=dtype, device=device)
+            t = torch.empty(shape, dtype=dtype, device=device)
         finally:
             torch._C._set_deterministic_fill_uninitialized_memory(True)
-    return torch.empty(shape, dtype=dtype, device=device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    return t
 
 
 def empty_outputs(shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,52 @@
+"""Launching an already compiled Triton kernel without Triton's Python launch path.
+
+``kernel[grid](...)`` binds and specializes every argument on each call, and even
+``CompiledKernel.run`` goes through a Python wrapper that looks for scratch buffers:
+together tens of microseconds on a busy host. For a kernel with no global or profile
+scratch, Triton 3.6's launcher is one C function taking the grid, the stream, the
+kernel handle, its packed metadata and the arguments (pointers may be passed as
+ints). ``Direct`` keeps everything but the per-call values, so a launch is one call.
+
+Only Triton 3.6's launcher layout is known here; with another Triton, or a kernel
+that needs scratch, ``direct`` answers None and callers keep ``CompiledKernel.run``.
+Launch hooks (profilers) are the caller's to check: a direct launch skips them.
+"""
+from __future__ import annotations
+
+_raw_stream = None
+
+
+def current_stream(index: int) -> int:
+    """The raw handle of the current CUDA stream of device ``index``."""
+    global _raw_stream
+    if _raw_stream is None:
+        import torch
+
+        _raw_stream = torch._C._cuda_getCurrentRawStream
+    return _raw_stream(index)
+
+
+class Direct:
+    """One compiled kernel, launched through Triton 3.6's C launch function."""
+
+    __slots__ = ("launch", "function", "meta", "coop", "pdl")
+
+    def __call__(self, grid0: int, grid1: int, stream: int, args: tuple) -> None:
+        self.launch(grid0, grid1, 1, stream, self.function, self.coop, self.pdl, None, None,
+                    self.meta, None, None, None, *args)
+
+
+def direct(compiled) -> Direct | None:
+    """A ``Direct`` for a ``CompiledKernel`` (its handles loaded), or None where unsupported."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        return None
+    run = compiled.run  # loads the module and builds the launcher on first access
+    launch = getattr(run, "launch", None)
+    if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    d = Direct()
+    d.launch, d.function, d.meta = launch, compiled.function, compiled.packed_metadata
+    d.coop, d.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
+    return d
