@@ -9,7 +9,9 @@ ints). ``Direct`` keeps everything but the per-call values, so a launch is one c
 
 Only Triton 3.6's launcher layout is known here; with another Triton, or a kernel
 that needs scratch, ``direct`` answers None and callers keep ``CompiledKernel.run``.
-Launch hooks (profilers) are the caller's to check: a direct launch skips them.
+Launch hooks (profilers) are the caller's to check with ``hooks_active()``: a direct launch
+skips them. In Triton 3.6 ``knobs.runtime.launch_enter_hook`` is a ``HookChain`` that is never
+None (its ``calls`` list is empty when no profiler listens), so "is not None" is always true.
 """
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ def current_stream(index: int) -> int:
     return _raw_stream(index)
 
 
+def hooks_active() -> bool:
+    """Whether a Triton launch-enter hook is set (a profiler wants to see every launch)."""
+    from triton import knobs
+
+    hook = knobs.runtime.launch_enter_hook
+    return bool(getattr(hook, "calls", hook))  # HookChain (3.6) or a plain callable/None (older)
+
+
 class Direct:
     """One compiled kernel, launched through Triton 3.6's C launch function."""
 
@@ -40,8 +50,8 @@ def direct(compiled) -> Direct | None:
     """A ``Direct`` for a ``CompiledKernel`` (its handles loaded), or None where unsupported."""
     import triton
 
-    if not triton.__version__.startswith("3.6."):
-        return None
+    if not triton.__version__.startswith("3.6.") or not hasattr(compiled, "packed_metadata"):
+        return None  # another Triton, or not a CompiledKernel (the interpreter's launches)
     run = compiled.run  # loads the module and builds the launcher on first access
     launch = getattr(run, "launch", None)
     if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):

@@ -59,7 +59,7 @@ class _Kernel:
 
         enter = knobs.runtime.launch_enter_hook
         stream = torch._C._cuda_getCurrentRawStream(device.index)
-        meta = kernel.launch_metadata(grid, stream, *full) if enter is not None else None
+        meta = kernel.launch_metadata(grid, stream, *full) if _triton_launch.hooks_active() else None
         g1 = grid[1] if len(grid) > 1 else 1
         kernel.run(grid[0], g1, 1, stream, kernel.function, kernel.packed_metadata, meta, enter,
                    knobs.runtime.launch_exit_hook, *full)
@@ -143,7 +143,12 @@ def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
 class Replay:
     """The launches of one traced ``topk_rows`` call, ready to repeat on new buffers."""
 
-    __slots__ = ("steps", "scratch_numel", "x_misaligned")
+    __slots__ = ("steps", "scratch_numel", "x_misaligned", "hooks")
+
+    def usable(self, x_ptr: int) -> bool:
+        """Whether this call may replay: x as aligned as when traced, and no profiler hook
+        (Triton 3.6's HookChain, whose ``calls`` fill when one listens)."""
+        return (x_ptr & 15 != 0) is self.x_misaligned and not self.hooks.calls
 
     def __call__(self, x_ptr: int, values_ptr: int, indices_ptr: int, index: int, device) -> None:
         scratch = _scratch((self.scratch_numel,), torch.int64, device) if self.scratch_numel else None
@@ -163,18 +168,16 @@ def trace(x: torch.Tensor, rows: torch.Tensor, k: int, largest: bool, values: to
         launches, scratches = _tracing.launches, _tracing.scratch
     finally:
         _tracing.launches = _tracing.scratch = None
-    if not x.is_cuda or not launches or rows.data_ptr() != x.data_ptr() or len(scratches) > 1:
+    if not launches or rows.data_ptr() != x.data_ptr() or len(scratches) > 1:  # CPU: none recorded
         return None
-    from triton import knobs
-
-    if knobs.runtime.launch_enter_hook is not None:
+    if _triton_launch.hooks_active():
         return None
     scratch = scratches[0] if scratches else None
     regions = [_region(x), _region(values), _region(indices),
                _region(scratch) if scratch is not None else (0, 0)]
     steps = []
     for kernel, grid, args in launches:
-        direct = _triton_launch.direct(kernel) if hasattr(kernel, "packed_metadata") else None
+        direct = _triton_launch.direct(kernel)
         if direct is None:
             return None
         spec = []
@@ -191,6 +194,9 @@ def trace(x: torch.Tensor, rows: torch.Tensor, k: int, largest: bool, values: to
     replay = Replay()
     replay.steps, replay.scratch_numel = tuple(steps), 0 if scratch is None else scratch.numel()
     replay.x_misaligned = x.data_ptr() % 16 != 0  # the kernels were specialized on it
+    from triton import knobs
+
+    replay.hooks = knobs.runtime.launch_enter_hook
     return replay
 
 
