@@ -3,6 +3,7 @@ compile specs (one compiled here; CI compiles all), and the interpreter checks i
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -68,8 +69,8 @@ MEASURED_BEST = {
     ("fp32", 4096, 8192): Config("rows", 8192, 2, 32),
     ("fp32", 2048, 16384): Config("rows", 16384, 2, 16),
     ("fp32", 2048, 32768): Config("rows", 32768, 1, 32),
-    ("fp32", 2048, 65536): Config("chunked", 8192, 1, 16, 3, 2),
-    ("fp32", 2048, 114688): Config("chunked", 8192, 1, 16, 3, 2),
+    ("fp32", 2048, 65536): Config("segments", 8192, 1, 4),
+    ("fp32", 2048, 114688): Config("segments", 8192, 1, 4),
     ("fp32", 8192, 4097): Config("rows", 4096, 1, 4),
     ("fp32", 4096, 8193): Config("rows", 8192, 1, 4),
     ("fp32", 2048, 16385): Config("chunked", 8192, 1, 16, 1, 2),
@@ -173,7 +174,9 @@ def test_interpreter_checks_pass_in_a_child_process():
     names = [name for name, _ in configs.interpreter_checks()]
     assert len(names) == len(set(names)) and len(names) >= 30
     assert sum(name.startswith("segments") for name in names) >= 7
-    assert sum(name.startswith("nan-inf") for name in names) == 3
+    assert sum(name.startswith("nan-inf") for name in names) == 4
+    assert sum("w-shift" in name for name in names) >= 8 and sum("row-edges" in name for name in names) >= 4
+    assert sum("reload" in name for name in names) >= 2
     code = ("from tilefly.ops.rms_norm import configs\n"
             "for name, fn in configs.interpreter_checks():\n"
             "    fn()\n"
@@ -219,3 +222,91 @@ def test_concurrent_interpreter_runs_programs_that_wait_for_each_other():
     proc = subprocess.run([sys.executable, "-c", HARNESS_CODE], env=dict(os.environ, TRITON_INTERPRET="1"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "harness ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+# -- shifted weight copies (W_SHIFT) and the other sweep --new candidates -------------------------
+
+@pytest.mark.parametrize("N, size", [(4097, 2), (8193, 2), (16385, 2), (16385, 4), (32769, 4)])
+def test_new_candidates_for_split_rows_read_shifted_weight_copies(N, size):
+    new = configs.new_candidates(N, size, SPLIT)
+    pick = configs.heuristic(N, size, SPLIT)
+    assert new and len(new) == len(set(new)) <= 12
+    assert new[0] == replace(pick, w_shift=True, row_edges=pick.kernel == "rows")
+    for cfg in new:
+        assert cfg.split and (cfg.w_shift or cfg.row_edges)
+        assert cfg.row_edges == (cfg.kernel == "rows")        # ROW_EDGES is a rows-kernel switch
+        configs.validate(cfg, N, size, SPLIT)
+        if cfg.kernel == "rows":
+            assert cfg.rows * cfg.num_warps <= 32
+            assert replace(cfg, w_shift=not cfg.w_shift) in new  # each tile with and without copies
+    assert set(new) <= set(configs.candidates(N, size, SPLIT))
+
+
+def test_new_candidates_for_long_16_bit_rows_are_segments_of_256_bytes_a_thread():
+    for N in (65536, 114688):
+        new = configs.new_candidates(N, 2, ALIGNED)
+        assert new and all(c.kernel == "segments" and not c.w_shift for c in new)
+        assert all(c.block // (32 * c.num_warps) == 128 for c in new if not c.reload)
+        assert all(c.block // (32 * c.num_warps) in (64, 128) for c in new)
+        assert sum(c.reload for c in new) >= 4
+        for cfg in new:
+            configs.validate(cfg, N, 2, ALIGNED)
+    assert configs.new_candidates(4096, 2, ALIGNED) == [] and configs.new_candidates(4097, 2, GENERIC) == []
+    assert configs.new_candidates(65536, 4, ALIGNED) == []
+
+
+def test_w_shift_applies_to_split_rows_with_a_weight_only():
+    edges = Config("rows", 4096, 1, 4, row_edges=True)
+    assert configs.kernel_constexprs(edges, 4097, 2, SPLIT, False)["ROW_EDGES"] is True
+    assert configs.kernel_constexprs(edges, 4097, 2, GENERIC, True)["ROW_EDGES"] is False
+    assert configs.kernel_constexprs(edges, 4097, 2, SPLIT, True)["W_SHIFT"] is False
+    assert "ROW_EDGES" not in configs.kernel_constexprs(Config("chunked", 4096), 4097, 2, SPLIT, True)
+    reload = Config("segments", 8192, reload=True)
+    assert configs.kernel_constexprs(reload, 65536, 2, ALIGNED, True)["RELOAD"] is True
+    assert "RELOAD" not in configs.kernel_constexprs(Config("rows", 4096), 4096, 2, ALIGNED, True)
+    assert str(replace(edges, w_shift=True)) == "rows[BLOCK_N=4096,ROWS=1,w=4][w-shift][row-edges]"
+    cfg = Config("rows", 4096, 1, 4, w_shift=True)
+    assert configs.kernel_constexprs(cfg, 4097, 2, SPLIT, True)["W_SHIFT"] is True
+    assert configs.kernel_constexprs(cfg, 4097, 2, SPLIT, False)["W_SHIFT"] is False
+    assert configs.kernel_constexprs(cfg, 4097, 2, GENERIC, True)["W_SHIFT"] is False
+    assert configs.kernel_constexprs(cfg, 4096, 2, ALIGNED, True)["W_SHIFT"] is False
+    assert configs.kernel_constexprs(replace(cfg, w_shift=False), 4097, 2, SPLIT, True)["W_SHIFT"] is False
+    assert str(cfg) == "rows[BLOCK_N=4096,ROWS=1,w=4][w-shift]"
+    names = [s.name for s in configs.compile_specs()]
+    assert sum("[w-shift]" in n for n in names) >= 5 and "rms_norm.shift_weight[fp16]" in names
+
+
+def _sass(spec):
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tilefly.compile_check import _tool
+
+    src = ASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([_tool("cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def test_w_shift_turns_the_body_weight_loads_into_16_byte_loads():
+    # FP16 rows[4096,1,w=4] on SPLIT rows: each thread holds 4 body vectors of x and of w. Plain:
+    # 4 LDG.128 (x) and 32 + edge LDG.U16 (w). W_SHIFT: 8 LDG.128 and only the edge lanes' U16 loads.
+    pytest.importorskip("triton")
+    plain, shifted = (_sass(configs._spec("fp16", SPLIT, Config("rows", 4096, 1, 4, w_shift=ws), 4097))
+                      for ws in (False, True))
+    assert plain.count("LDG.E.128 ") == 4 and plain.count("LDG.E.U16 ") >= 32 + 8
+    assert shifted.count("LDG.E.128 ") == 8 and shifted.count("LDG.E.U16 ") <= 16
+
+
+def test_row_edges_leave_a_few_edge_loads_a_thread():
+    # the [2V] edge tile of one row, a lane a thread: x and w edge lanes, a load each, plus the x reload
+    pytest.importorskip("triton")
+    sass = _sass(configs._spec("fp16", SPLIT, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True), 4097))
+    assert sass.count("LDG.E.128 ") == 8 and sass.count("LDG.E.U16 ") <= 4

@@ -235,8 +235,9 @@ def test_gradients_through_autograd_match_aten(dtype, N, has_w):
         torch.testing.assert_close(gw, gw_a, rtol=tol, atol=tol * 10)  # a sum over 24 rows
 
 
-@pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8))],
-                         ids=["rows", "chunked", "segments"])
+@pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8)),
+                                    (4097, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True))],
+                         ids=["rows", "chunked", "segments", "rows-w-shift"])
 def test_cuda_graph_capture_and_replay(N, cfg):
     static_x = rand(256, N, dtype=torch.float16)
     w = rand_weight(N, torch.float16)
@@ -244,7 +245,7 @@ def test_cuda_graph_capture_and_replay(N, cfg):
     def norm():
         if cfg is None:
             return F.rms_norm(static_x, (N,), w, 1e-6)
-        return eager.rms_norm_forward(static_x, [N], w, 1e-6, kernel_config=cfg)[0]  # workspace inside
+        return eager.rms_norm_forward(static_x, [N], w, 1e-6, kernel_config=cfg)[0]  # workspace/copies inside
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -306,6 +307,16 @@ LAUNCH_CASES = {
     "segments-split": (65537, None, Config("segments", 8192, 1, 8)),
     "segments-generic-strided": (40000, 40003, Config("segments", 8192, 1, 8)),
     "segments-two-pieces": (16385, None, Config("segments", 8192, 1, 16)),
+    "rows-split-w-shift": (4097, None, Config("rows", 4096, 1, 4, w_shift=True)),
+    "rows-split-row-edges": (4097, None, Config("rows", 4096, 2, 4, row_edges=True)),
+    "rows-split-w-shift-row-edges": (8193, None, Config("rows", 8192, 1, 8, w_shift=True, row_edges=True)),
+    "rows-split-w-shift-row-edges-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True)),
+    # GENERIC rows (x strided): both flags ignored
+    "rows-generic-strided-w-shift": (4097, 4105, Config("rows", 8192, 1, 16, w_shift=True, row_edges=True)),
+    "chunked-split-w-shift": (65537, None, Config("chunked", 4096, 1, 16, 1, 2, w_shift=True)),
+    "segments-split-w-shift": (65537, None, Config("segments", 8192, 1, 8, w_shift=True)),
+    "segments-aligned-reload": (65536, None, Config("segments", 16384, 1, 4, reload=True)),
+    "segments-split-w-shift-reload": (65537, None, Config("segments", 8192, 1, 4, w_shift=True, reload=True)),
 }
 
 
@@ -350,15 +361,17 @@ def test_fast_path_keeps_unaligned_pointers_off_the_aligned_kernel():
         check_op(x, [4096], w)
 
 
-@pytest.mark.parametrize("dtype, M, N, seg", [(torch.bfloat16, 300, 114688, 8192), (torch.float32, 257, 65537, 4096)])
-def test_segments_kernel_on_many_rows(dtype, M, N, seg):
+@pytest.mark.parametrize("dtype, M, N, seg, reload", [(torch.bfloat16, 300, 114688, 8192, False),
+                                                      (torch.float32, 257, 65537, 4096, False),
+                                                      (torch.float16, 300, 114688, 8192, True)])
+def test_segments_kernel_on_many_rows(dtype, M, N, seg, reload):
     # thousands of CTAs (M x pieces) waiting on each other by tickets: no deadlock, every row right
     x = rand(M, N, dtype=dtype)
     w = rand_weight(N, dtype)
     y = torch.full_like(x, float("nan"))
     rstd = torch.full((M, 1), float("nan"), device="cuda")
     for _ in range(2):
-        launcher.launch(x, w, y, rstd, 1e-6, Config("segments", seg, 1, 8))
+        launcher.launch(x, w, y, rstd, 1e-6, Config("segments", seg, 1, 8, reload=reload))
     torch.cuda.synchronize()
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
@@ -377,6 +390,42 @@ def test_every_sweep_candidate_is_correct(dtype, N):
         launcher.launch(x, w, y, rstd, 1e-6, cfg)
         torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
         torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
+
+
+@pytest.mark.parametrize("dtype, N", [(torch.float16, 4097), (torch.float16, 8193), (torch.bfloat16, 16385),
+                                      (torch.float32, 16385), (torch.float32, 32769), (torch.float16, 114688)])
+def test_every_new_sweep_candidate_is_correct(dtype, N):
+    # what ``sweep.py --new`` times: shifted weight copies on SPLIT rows, 16-bit segments of 128 values a thread
+    M = 19
+    x = rand(M, N, dtype=dtype)
+    w = rand_weight(N, dtype)
+    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
+    layout = configs.row_layout(N, N, True, x.element_size())
+    new = configs.new_candidates(N, x.element_size(), layout)
+    assert new
+    for cfg in new:
+        y = torch.full_like(x, float("nan"))
+        rstd = torch.full((M, 1), float("nan"), device="cuda")
+        launcher.launch(x, w, y, rstd, 1e-6, cfg)
+        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
+        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_w_shift_sees_a_weight_changed_in_place_between_calls(dtype):
+    # the shifted copies are written per launch: an in-place change (even through .data, which no
+    # version counter records) shows in the next call, cached launch entry or not
+    N, M = 4097, 64
+    x, w = rand(M, N, dtype=dtype), rand_weight(N, dtype)
+    cfg = Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)
+    y, rstd = torch.empty_like(x), torch.empty(M, 1, device="cuda")
+    for change in (None, lambda: w.data.mul_(-1.5), lambda: w.copy_(rand_weight(N, dtype))):
+        if change is not None:
+            change()
+        y.fill_(float("nan"))
+        launcher.launch(x, w, y, rstd, 1e-6, cfg)
+        y_ref, _ = reference(x, 1, w, 1e-6)
+        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
 
 
 def test_compiled_model_with_tilefly_enabled_runs_and_matches():

@@ -80,7 +80,8 @@ def test_unaligned_pointers_leave_the_fast_path_for_their_own_kernel(recorded):
         launcher.run_plan(plan, x, w, y, rstd, 1e-6)
     layouts = [key[3] for key in jit]
     assert layouts == [configs.ALIGNED, configs.GENERIC]          # one kernel each, compiled once
-    assert plan.fast is not None and plan.fast[-1][-3:] == (True, False, True)  # ALIGNED, not SPLIT, HAS_W
+    # ALIGNED, not SPLIT, HAS_W, neither W_SHIFT nor ROW_EDGES
+    assert plan.fast is not None and plan.fast[-1][-5:] == (True, False, True, False, False)
     # first aligned and first shifted launches went to the (fake) JIT
     assert [c[HEAD] for c in calls] == [aligned.data_ptr(), aligned.data_ptr(), shifted.data_ptr()]
 
@@ -107,8 +108,60 @@ def test_segments_launches_get_a_zeroed_workspace_each_call(recorded, monkeypatc
         assert args[HEAD + 8:HEAD + 10] == (sync_ptr, partial_ptr)
         assert sync.eq(0).all() and sync.numel() == 6 and partial_numel == 5 * 8
         assert args[HEAD + 10:HEAD + 12] == (8192, 8)                 # SEG, SEGMENTS
-    plan = eager._build_plan(x, [65536], w)                 # the op: TUNED chunked, persistent grid
-    launcher.run_plan(plan, x, w, y, rstd, 1e-6)
-    launcher.run_plan(plan, x, w, y, rstd, 1e-6)
+    xh, wh = x.half(), w.half()                             # the op, FP16: TUNED chunked, persistent grid
+    yh = torch.empty_like(xh)
+    plan = eager._build_plan(xh, [65536], wh)
+    launcher.run_plan(plan, xh, wh, yh, rstd, 1e-6)
+    launcher.run_plan(plan, xh, wh, yh, rstd, 1e-6)
     assert plan.fast is not None and plan.fast[1] == 5 and len(calls) == 3
-    assert configs.heuristic(65536, 4, configs.ALIGNED).kernel == "chunked"
+    assert configs.heuristic(65536, 2, configs.ALIGNED).kernel == "chunked"
+
+
+def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast_path(monkeypatch):
+    calls = []
+
+    def fake_jit(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
+        cfg = cfg or configs.heuristic(N, x.element_size(), layout)
+        constexprs = configs.kernel_constexprs(cfg, N, x.element_size(), layout, w is not None)
+        entry, shift = launcher.Entry(), launcher.Entry()
+        for e, name, consts in ((entry, "MAIN", tuple(constexprs.values())),
+                                (shift, "SHIFT", (launcher.SHIFT_BLOCK, constexprs["V"]))):
+            e.compiled, e.function, e.meta, e.coop, e.pdl, e.consts = None, name, "META", False, False, consts
+            e.direct = lambda *args: calls.append(args)
+        entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg.kernel, cfg.rows, 0, 0
+        shift.programs = 5
+        entry.shift = shift if constexprs["W_SHIFT"] else None
+        launcher._entries[key] = entry
+        return entry
+
+    monkeypatch.setattr(launcher, "_jit_launch", fake_jit)
+    monkeypatch.setattr(launcher, "_raw_stream", lambda index: "STREAM")
+    monkeypatch.setattr(launcher, "_hooks", types.SimpleNamespace(calls=[]))
+    monkeypatch.setattr(launcher, "_entries", {})
+    x, w = torch.randn(37, 4097, dtype=torch.float16), torch.randn(4097, dtype=torch.float16)
+    y, rstd = torch.empty_like(x), torch.empty(37, 1)
+    cfg = Config("rows", 4096, 1, 4, w_shift=True)
+    launcher.launch(x, w, y, rstd, 1e-6, cfg)                 # the (fake) JIT
+    launcher.launch(x, w, y, rstd, 1e-6, cfg)                 # cached: copies, then the kernel
+    assert len(calls) == 2
+    shift_call, main_call = calls
+    assert shift_call[:5] == (5, 1, 1, "STREAM", "SHIFT") and main_call[4] == "MAIN"
+    w_src, w_copies, n = shift_call[HEAD:HEAD + 3]
+    assert w_src == w.data_ptr() and n == 4097 and shift_call[HEAD + 3:] == (launcher.SHIFT_BLOCK, 8)
+    assert main_call[HEAD] == x.data_ptr() and main_call[HEAD + 1] == w_copies != w.data_ptr()
+    w_shift_at = HEAD + 8 + list(configs.kernel_constexprs(cfg, 4097, 2, configs.SPLIT, True)).index("W_SHIFT")
+    assert main_call[w_shift_at] is True
+    launcher.launch(x, None, y, rstd, 1e-6, cfg)              # no weight: nothing to copy
+    launcher.launch(x, None, y, rstd, 1e-6, cfg)
+    assert len(calls) == 3 and calls[2][4] == "MAIN" and calls[2][w_shift_at] is False
+    # the op's plan never caches a launch that needs the copies: each call writes them afresh
+    monkeypatch.setitem(configs.TUNED, (2, configs.SPLIT, 4096), cfg)
+    configs.heuristic.cache_clear()
+    try:
+        plan = eager._build_plan(x, [4097], w)
+        for _ in range(3):
+            launcher.run_plan(plan, x, w, y, rstd, 1e-6)
+        assert plan.fast is None
+        assert [c[4] for c in calls[3:]] == ["SHIFT", "MAIN", "SHIFT", "MAIN"]  # first run: the JIT
+    finally:
+        configs.heuristic.cache_clear()

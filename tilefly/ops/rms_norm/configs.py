@@ -40,6 +40,10 @@ class Config:
     stages: int = 1            # chunked: software-pipeline depth of the chunk loops (1 = none)
     programs_per_sm: int = 1   # chunked: persistent programs per SM
     split: bool = True         # allow the SPLIT layout for unaligned contiguous rows
+    w_shift: bool = False      # SPLIT rows: read w from V shifted, aligned copies written per
+                               # launch (16-byte w loads; kernels.py, W_SHIFT)
+    row_edges: bool = False    # rows kernel, SPLIT rows: head/tail a row at a time (ROW_EDGES)
+    reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -49,6 +53,12 @@ class Config:
         else:
             text = (f"chunked[CHUNK={self.block},w={self.num_warps},stages={self.stages},"
                     f"per_sm={self.programs_per_sm}]")
+        if self.w_shift:
+            text += "[w-shift]"
+        if self.row_edges:
+            text += "[row-edges]"
+        if self.reload:
+            text += "[reload]"
         return text if self.split else text + "[no-split]"
 
 
@@ -104,8 +114,8 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
     (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
     (4, ALIGNED, 32768): Config("rows", 32768, 1, 32),               # fp32 2048x32768  141.7
-    (4, ALIGNED, 65536): Config("chunked", 8192, 1, 16, 3, 2),       # fp32 2048x65536  350.6
-    (4, ALIGNED, 131072): Config("chunked", 8192, 1, 16, 3, 2),      # fp32 2048x114688 648.0
+    (4, ALIGNED, 65536): Config("segments", 8192, 1, 4),             # fp32 2048x65536  298.3 (chunked 349.8)
+    (4, ALIGNED, 131072): Config("segments", 8192, 1, 4),            # fp32 2048x114688 523.7 (chunked 649.2)
     (4, SPLIT, 4096): Config("rows", 4096, 1, 4),                    # fp32 8192x4097    72.0 =
     (4, SPLIT, 8192): Config("rows", 8192, 1, 4),                    # fp32 4096x8193    73.2
     (4, SPLIT, 16384): Config("chunked", 8192, 1, 16, 1, 2),         # fp32 2048x16385   88.2
@@ -166,6 +176,48 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
                     out.append(cfg)
     if layout == SPLIT:  # plain masked loads instead, to check that SPLIT pays for itself
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
+    return list(dict.fromkeys(out + new_candidates(N, element_size, layout)))
+
+
+def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """Configs not yet measured on the GPU (``sweep.py --new`` times only these, the heuristic's
+    pick and ATen), for the cases below 3.5 TB/s:
+    - SPLIT rows with the head/tail a row at a time (row_edges, rows kernel) and with it or alone
+      the shifted weight copies (w_shift): the heuristic's pick, rows tiles of 16-64 values per
+      thread with 1-4 rows per program; w_shift segments of 2-16 pieces;
+    - long ALIGNED 16-bit rows: segments with 128 values (256 bytes) per thread, the bytes per
+      thread of FP32's winning segments[SEG=8192,w=4] (64 FP32 values), which the 16..64-values
+      rule of ``candidates`` left out (SASS: 219-233 registers, no spills); and segments that
+      reload their piece after the row sync (reload), 64 or 128 values a thread."""
+    out = []
+    block = row_block(N, element_size, layout)
+    if layout == SPLIT:
+        pick = heuristic(N, element_size, layout)
+        rows_kernel = pick.kernel == "rows"
+        out.append(replace(pick, w_shift=True, row_edges=rows_kernel))
+        if rows_kernel:
+            out.append(replace(pick, row_edges=True))
+        if block <= 2 * ONE_PASS_MAX_BLOCK:
+            for rows in (1, 2, 4):
+                for warps in (4, 8, 16, 32):
+                    # rows x warps <= 32: beyond it ptxas spilled (8-360 bytes) in every SPLIT tile tried
+                    per_thread = rows * block // (32 * warps)
+                    if per_thread in (16, 32, 64) and rows * block <= 32768 and rows * warps <= 32:
+                        out += [Config("rows", block, rows, warps, w_shift=ws, row_edges=True)
+                                for ws in (True, False)]
+        if block >= ONE_PASS_MAX_BLOCK:
+            for seg in (4096, 8192, 16384):
+                for warps in (4, 8, 16):
+                    cfg = Config("segments", seg, 1, warps, w_shift=True)
+                    if seg // (32 * warps) in (32, 64) and \
+                            2 <= segments(cfg, N, element_size, layout) <= MAX_SEGMENTS:
+                        out.append(cfg)
+    if layout == ALIGNED and element_size == 2 and block >= 4 * ONE_PASS_MAX_BLOCK:
+        for seg, warps in ((8192, 2), (16384, 4), (32768, 8)):
+            for cfg in (Config("segments", seg, 1, warps), Config("segments", seg, 1, warps, reload=True),
+                        Config("segments", seg, 1, 2 * warps, reload=True)):
+                if 2 <= segments(cfg, N, element_size, layout) <= MAX_SEGMENTS:
+                    out.append(cfg)
     return list(dict.fromkeys(out))
 
 
@@ -193,7 +245,14 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
     else:
         head = {"SEG": config.block, "SEGMENTS": segments(config, N, element_size, layout)}
     return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
-            "HAS_W": has_w}
+            "HAS_W": has_w, "W_SHIFT": uses_w_shift(config, layout, has_w),
+            **({"ROW_EDGES": config.row_edges and layout == SPLIT} if config.kernel == "rows" else {}),
+            **({"RELOAD": config.reload} if config.kernel == "segments" else {})}
+
+
+def uses_w_shift(config: Config, layout: str, has_w: bool) -> bool:
+    """The shifted weight copies serve only SPLIT rows (elsewhere w is aligned or plain)."""
+    return config.w_shift and layout == SPLIT and has_w
 
 
 def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
@@ -263,7 +322,31 @@ def compile_specs():
     add("fp32", ALIGNED, Config("segments", 16384, 1, 16), 114688)
     add("fp16", SPLIT, Config("segments", 16384, 1, 16), 114689)
     add("bf16", GENERIC, Config("segments", 8192, 1, 8), 40000, has_w=False)
+    # sweep.py --new candidates (not in TUNED yet): shifted weight copies, row edges, 16-bit
+    # segments of 128 values a thread, segments that reload; and the kernel writing the copies.
+    add("fp16", SPLIT, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True), 4097)
+    add("fp16", SPLIT, Config("rows", 4096, 1, 4, w_shift=True), 4097)
+    add("bf16", SPLIT, Config("rows", 8192, 2, 8, row_edges=True), 8193)
+    add("fp32", SPLIT, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True), 4097)
+    add("bf16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], w_shift=True), 16385)
+    add("fp16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True), 16385)
+    add("fp16", ALIGNED, Config("segments", 16384, 1, 4), 65536)
+    add("bf16", ALIGNED, Config("segments", 16384, 1, 4, reload=True), 114688)
+    add("fp16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True, reload=True), 65537, has_w=False)
+    for dtype in ("fp16", "fp32"):
+        specs.append(_shift_weight_spec(dtype))
     return specs
+
+
+def _shift_weight_spec(dtype: str):
+    from tilefly.compile_check import KernelSpec
+
+    ptr = _TRITON_DTYPE[dtype]
+    consts = {"BLOCK": 1024, "V": vec(_ELEMENT_SIZE[dtype])}
+    return KernelSpec(f"rms_norm.shift_weight[{dtype}]",
+                      functools.partial(_kernel, "rms_norm_shift_weight_kernel"),
+                      {"W": ptr, "WS": ptr, "N": "i32", "BLOCK": "constexpr", "V": "constexpr"}, consts,
+                      attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1)}, num_warps=4, num_stages=1)
 
 
 def _interpreter_case(dtype_name: str, M: int, N: int, has_w: bool, config: Config | None,
@@ -340,7 +423,26 @@ def interpreter_checks():
     cases.append(("chunked-strided[fp32,N=300,stride=301]", ("fp32", 3, 300, True, chunked(64), 301)))
     cases.append(("segments-strided[fp32,N=300,stride=301]", ("fp32", 3, 300, True, Config("segments", 64, 1, 4), 301)))
     cases.append(("rows-no-split[fp16,N=127]", ("fp16", 4, 127, True, Config("rows", 128, 2, 4, split=False))))
-    for kernel, cfg in (("rows", None), ("chunked", chunked(256)), ("segments", Config("segments", 256, 1, 4))):
+    # w_shift, row_edges, reload: rows of odd N (the body starts at every column c0 < V in turn),
+    # several rows per program (M not a multiple of ROWS), each kernel; no-w and GENERIC ignore w_shift.
+    for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True)),
+                             ("bf16", 5, 4097, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)),
+                             ("fp32", 6, 203, Config("rows", 256, 4, 4, w_shift=True, row_edges=True)),
+                             ("fp16", 7, 1001, Config("rows", 1024, 4, 4, row_edges=True)),
+                             ("bf16", 5, 1001, Config("rows", 1024, 1, 4, w_shift=True)),
+                             ("bf16", 3, 1001, replace(chunked(256), w_shift=True)),
+                             ("fp16", 3, 1003, Config("segments", 256, 1, 4, w_shift=True)),
+                             ("fp32", 3, 1001, Config("segments", 256, 1, 4, w_shift=True)),
+                             ("fp16", 3, 1001, Config("segments", 256, 1, 4, w_shift=True, reload=True)),
+                             ("bf16", 2, 1024, Config("segments", 256, 1, 4, reload=True))):
+        flags = "-w-shift" * cfg.w_shift + "-row-edges" * cfg.row_edges + "-reload" * cfg.reload
+        cases.append((f"{cfg.kernel}{flags}[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
+    cases.append(("w-shift-no-w[fp16,N=1001]",
+                  ("fp16", 3, 1001, False, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True))))
+    cases.append(("w-shift-strided[fp16,N=100,stride=131]",
+                  ("fp16", 4, 100, True, Config("rows", 128, 1, 4, w_shift=True, row_edges=True), 131)))
+    for kernel, cfg in (("rows", None), ("chunked", chunked(256)), ("segments", Config("segments", 256, 1, 4)),
+                        ("rows-w-shift", Config("rows", 1024, 2, 4, w_shift=True, row_edges=True))):
         cases.append((f"nan-inf-{kernel}[bf16,N=1001,eps=0]", ("bf16", 4, 1001, True, cfg, None, 0.0, True)))
     checks = [(name, functools.partial(_interpreter_case, *args)) for name, args in cases]
     op_cases = [

@@ -79,12 +79,30 @@ All kernels read rows at ``row * stride_row`` and write y contiguous (row * N), 
 rstd per row, and take M unspecialized (the launcher caches each compiled kernel under
 everything else Triton specializes on).
 
-Next step for SPLIT rows (2.4-3.1 TB/s at N = 4097-16385, against 3.5-3.8 aligned): their w loads
-are scalar, 8 (16-bit) or 4 (FP32) load instructions per 16-byte x vector, so the SMs' load
-issue, not DRAM, likely bounds them. The body of a SPLIT row starts at column c0 = (-s) mod V,
-one of V values. With V shifted copies of w (copy k = w[k:], each 16-byte aligned; V x N
-elements, L2-resident, cached per weight storage and ``_version``) the body reads w from copy c0
-with 16-byte loads like x. Needs a per-weight cache in the launcher and a W_SHIFTED pointer.
+Shifted weight (W_SHIFT, SPLIT rows with a weight; configs.Config.w_shift; not served by
+TUNED until the GPU sweep says so). SPLIT rows move x and y as 16-byte vectors, but their body's
+w loads are scalar (the body starts at row column c0 = (-s) mod V, one of V values, and w at c0
+is misaligned): 8 (16-bit) or 4 (FP32) load instructions per 16-byte x vector, each touching
+four cache lines across a warp. Likely why 16-bit SPLIT rows stop at 2.4-3.1 TB/s where FP32's
+reach 3.75 (SASS, FP16 rows[4096,1,w=4]: 4 LDG.128 + 42 LDG.U16, 584 instructions; ALIGNED: 8
+LDG.128, 320). With W_SHIFT the launcher first runs rms_norm_shift_weight_kernel, which writes V
+shifted copies of w, copy k = w[k:] at k * NP (NP = N rounded up to V, so each copy starts
+16-byte aligned; V * NP elements, L2-resident), and the body reads copy c0 at ``c0 * NP +
+column`` with 16-byte loads like x; head and tail read copy 0 (= w). Cost: one more launch and
+V * NP elements written per call. Nothing is cached across calls, so a weight changed in place
+(even through .data, which no version counter sees) is always read fresh.
+Row edges (ROW_EDGES, the rows kernel; configs.Config.row_edges): the [ROWS, 2V] head/tail
+tile takes the rows tile's layout (8 lanes a thread, replicated across the CTA): ~200
+instructions a thread whatever the tile. ROW_EDGES instead handles each row's edges from its
+scalar row index (a [2V] tile Triton spreads a lane a thread), reloading x's edge lanes for the
+output (L1 hits). SASS, FP16 rows[4096,1,w=4]: 8 LDG.128 + 3 LDG.U16, 416 instructions with
+both (544 with W_SHIFT alone); FP32: 384 against 488.
+Segments RELOAD (configs.Config.reload): the segments kernel keeps its piece of x in registers
+across the row sync, as FP32: 128 16-bit values a thread (256 bytes, the bytes a thread of FP32's
+winning segments[SEG=8192,w=4]) take ~220 registers, so few CTAs fit an SM and the bytes in
+flight stay below FP32's. With RELOAD the piece is loaded again after the sync (it was read
+microseconds before: L2, often L1), so registers hold x only until its sum of squares: more
+CTAs an SM, same DRAM traffic, twice the L2 reads.
 """
 import triton
 import triton.language as tl
@@ -104,10 +122,44 @@ def _edge_lanes(s, body_start, body_len, N, V: tl.constexpr):
     return pos, mask
 
 
+@triton.jit
+def _row_edge_lanes(row, M, N, stride_row, V: tl.constexpr):
+    """``_edge_lanes`` of one SPLIT row from its scalar index (masked off past M): a [2V] tile
+    free of the rows tile's layout, so Triton spreads it a lane a thread (ROW_EDGES)."""
+    s = row.to(tl.int64) * stride_row
+    body_start = (s + V - 1) // V * V
+    pos, mask = _edge_lanes(s, body_start, (s + N) // V * V - body_start, N, V)
+    return pos, mask & (row < M)
+
+
+@triton.jit
+def _body_w_offset(c0, N, V: tl.constexpr, W_SHIFT: tl.constexpr):
+    """Where a SPLIT row's body (row column c0 on) finds its w: w itself at c0 (scalar loads), or
+    the start of shifted copy c0 (16-byte aligned: ``(N + V - 1) // V * V`` tells Triton that NP
+    is a multiple of V, which an argument could not)."""
+    if W_SHIFT:
+        return c0 * ((N + V - 1) // V * V)
+    else:
+        return c0
+
+
+@triton.jit
+def rms_norm_shift_weight_kernel(W, WS, N, BLOCK: tl.constexpr, V: tl.constexpr):
+    """WS[k * NP + j] = w[k + j] (0 past the row) for k < V, NP = N rounded up to V: the shifted
+    copies W_SHIFT reads. Grid: cdiv(NP, BLOCK) programs, each writing column block j of every
+    copy; the loads are scalar for odd k, but w is small and they hit L1 after the first copy."""
+    NP = (N + V - 1) // V * V
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    for k in tl.static_range(V):
+        w = tl.load(W + k + j, mask=k + j < N, other=0.0)
+        tl.store(WS + k * NP + j, w, mask=j < NP)
+
+
 @triton.jit(do_not_specialize=["M"])
 def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
-                         ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
+                         ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
+                         W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -134,7 +186,12 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
     mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
     x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     sumsq = tl.sum(x * x, axis=1)
-    if SPLIT:
+    if SPLIT and ROW_EDGES:
+        for r in tl.static_range(ROWS):
+            e_pos, e_mask = _row_edge_lanes(tl.program_id(0) * ROWS + r, M, N, stride_row, V)
+            xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
+            sumsq += tl.where(tl.arange(0, ROWS) == r, tl.sum(xe * xe, axis=0), 0.0)
+    elif SPLIT:
         e_pos, e_mask = _edge_lanes(s[:, None], body_start[:, None], body_len[:, None], N, V)
         e_mask = e_mask & row_ok[:, None]
         xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
@@ -145,12 +202,23 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
     y = x * rstd[:, None]
     if HAS_W:
         if SPLIT:
-            w = tl.load(W + (body_start - s)[:, None] + cols[None, :], mask=mask, other=0.0)
+            w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT)[:, None] + cols[None, :],
+                        mask=mask, other=0.0)
         else:
             w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
         y = y * w.to(tl.float32)
     tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    if SPLIT:
+    if SPLIT and ROW_EDGES:
+        for r in tl.static_range(ROWS):
+            row = tl.program_id(0) * ROWS + r
+            e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
+            xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)  # again: an L1 hit
+            ye = xe * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)
+            if HAS_W:
+                w_pos = e_pos - row.to(tl.int64) * stride_row
+                ye = ye * tl.load(W + w_pos, mask=e_mask, other=0.0).to(tl.float32)
+            tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
+    elif SPLIT:
         ye = xe * rstd[:, None]
         if HAS_W:
             ye = ye * tl.load(W + (e_pos - s[:, None]), mask=e_mask, other=0.0).to(tl.float32)
@@ -182,7 +250,8 @@ def _row_geometry(r64, N, stride_row, V: tl.constexpr, ALIGNED: tl.constexpr, SP
 @triton.jit(do_not_specialize=["M"])
 def rms_norm_chunked_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                             CHUNK: tl.constexpr, STAGES: tl.constexpr, V: tl.constexpr,
-                            ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
+                            ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
+                            W_SHIFT: tl.constexpr):
     cols = tl.arange(0, CHUNK)
     # A while loop and N-only loop bounds below keep this runnable by triton 3.6's interpreter,
     # which turns range() bounds into ints through int(1-element array), refused by NumPy 2.4.
@@ -215,7 +284,7 @@ def rms_norm_chunked_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
             y = x.to(tl.float32) * rstd
             if HAS_W:
                 if SPLIT:
-                    w = tl.load(W + (body_start - s) + c + cols, mask=m, other=0.0)
+                    w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT) + c + cols, mask=m, other=0.0)
                 else:
                     w = tl.load(W + c + cols, mask=m, other=0.0)
                 y = y * w.to(tl.float32)
@@ -236,7 +305,8 @@ MAX_POLLS = tl.constexpr(1 << 22)
 @triton.jit(do_not_specialize=["M"])
 def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL,
                              SEG: tl.constexpr, SEGMENTS: tl.constexpr, V: tl.constexpr,
-                             ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
+                             ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
+                             W_SHIFT: tl.constexpr, RELOAD: tl.constexpr):
     ticket = tl.atomic_add(SYNC, 1, sem="relaxed")
     row = ticket // SEGMENTS
     piece = ticket % SEGMENTS
@@ -268,10 +338,12 @@ def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL
     rstd = tl.where(arrived >= SEGMENTS, rstd, float("nan"))
     tl.store(RSTD + row, rstd, mask=piece == 0)
 
+    if RELOAD:  # the piece again, from L2 (or L1): x needs no registers across the wait
+        x = tl.load(X + body_start + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     y = x * rstd
     if HAS_W:
         if SPLIT:
-            w = tl.load(W + (body_start - s) + cols, mask=mask, other=0.0)
+            w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT) + cols, mask=mask, other=0.0)
         else:
             w = tl.load(W + cols, mask=mask, other=0.0)
         y = y * w.to(tl.float32)

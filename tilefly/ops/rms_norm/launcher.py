@@ -30,7 +30,10 @@ class Entry:
     """One compiled kernel, ready for Triton's C launcher."""
 
     __slots__ = ("compiled", "direct", "function", "meta", "coop", "pdl", "consts", "kernel",
-                 "rows_per_program", "programs", "segments")
+                 "rows_per_program", "programs", "segments", "shift")
+
+    def __init__(self):
+        self.shift = None  # W_SHIFT: the Entry of the kernel writing w's shifted copies first
 
     def grid(self, M: int) -> int:
         if self.kernel == "chunked":
@@ -81,6 +84,10 @@ def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
     entry = _entries.get(key)
     if entry is None or _hooks.calls:
         return _jit_launch(key, layout, x, w, y, rstd, M, N, stride, float(eps), cfg)
+    if entry.shift is not None:  # W_SHIFT: w's shifted copies first, then the kernel reads them
+        w_shifted = _shifted_weight(w, N, entry.shift.consts[1])
+        _call(entry.shift, entry.shift.programs, index, (w_ptr, w_shifted.data_ptr(), N))
+        w_ptr = w_shifted.data_ptr()
     args = (x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, stride, eps)
     if entry.segments:
         sync, partial = _workspace(x, M, entry.segments)  # freed after the launch: stream-ordered reuse
@@ -99,7 +106,8 @@ def run_plan(plan, x, w, y, rstd, eps) -> None:
     if fast is None or (x_ptr | w_ptr) & 15 or _hooks.calls or (
             plan.guard and plan.index != torch._C._cuda_getDevice()):
         entry = launch_rows(x, w, y, rstd, plan.M, plan.N, plan.stride, eps)
-        if entry is not None and entry.direct and not entry.segments and not (x_ptr | w_ptr) & 15:
+        if (entry is not None and entry.direct and not entry.segments and entry.shift is None
+                and not (x_ptr | w_ptr) & 15):
             plan.fast = (entry.direct, entry.grid(plan.M), entry.function, entry.coop, entry.pdl,
                          entry.meta, plan.M, plan.N, plan.stride, entry.consts)
         return
@@ -124,6 +132,16 @@ def _workspace(x: torch.Tensor, M: int, segments: int) -> tuple:
             torch.empty(M * segments, dtype=torch.float32, device=x.device))
 
 
+# Elements of w per program of the shifted-copies kernel (each writes them to all V copies).
+SHIFT_BLOCK = 1024
+
+
+def _shifted_weight(w: torch.Tensor, N: int, v: int) -> torch.Tensor:
+    """Storage for the V shifted copies of w that W_SHIFT reads (kernels.py): V rows of N rounded
+    up to V. Freed after the launch like the segments workspace (stream-ordered reuse)."""
+    return torch.empty(v * (-(-N // v) * v), dtype=w.dtype, device=w.device)
+
+
 def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     """First launch of a key (or a launch with Triton hooks set): Triton's JIT binds, compiles and
     launches; the compiled kernel is kept for later launches."""
@@ -142,6 +160,16 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     entry = Entry()
     entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
     args = [x, x if w is None else w, y, rstd, M, N, stride, eps]
+    if constexprs["W_SHIFT"]:
+        v = constexprs["V"]
+        args[1] = _shifted_weight(w, N, v)
+        shift = Entry()
+        shift.programs = -(-args[1].numel() // v // SHIFT_BLOCK)
+        compiled_shift = kernels.rms_norm_shift_weight_kernel[(shift.programs,)](
+            w, args[1], N, BLOCK=SHIFT_BLOCK, V=v, num_warps=4)
+        if x.is_cuda and hasattr(compiled_shift, "packed_metadata"):
+            _fill(shift, compiled_shift, (SHIFT_BLOCK, v))
+            entry.shift = shift
     if cfg_.kernel == "rows":
         kernel = kernels.rms_norm_rows_kernel
     elif cfg_.kernel == "chunked":
@@ -163,14 +191,21 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
         compiled = launch(*args, **options)
     if not x.is_cuda or not hasattr(compiled, "packed_metadata"):  # TRITON_INTERPRET
         return None
+    if constexprs["W_SHIFT"] and entry.shift is None:  # a cached entry would skip the copies
+        return None
+    _fill(entry, compiled, tuple(constexprs.values()))
+    _entries[key] = entry
+    return entry
+
+
+def _fill(entry: Entry, compiled, consts: tuple) -> None:
+    """What ``_call`` needs of a compiled kernel."""
     run = compiled.run
     entry.compiled, entry.function, entry.meta = compiled, compiled.function, compiled.packed_metadata
-    entry.consts = tuple(constexprs.values())
+    entry.consts = consts
     entry.coop, entry.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
     # Triton 3.6's CudaLauncher.__call__ only adds scratch buffers (none here) before calling its
     # C launch function: call that directly. Other versions keep the documented-by-use path.
     direct = getattr(run, "launch", None)
     scratch = getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
     entry.direct = direct if _direct_ok and direct is not None and not scratch else None
-    _entries[key] = entry
-    return entry

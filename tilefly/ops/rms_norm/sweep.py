@@ -4,6 +4,9 @@
     python -m tilefly.ops.rms_norm.sweep --suite llm      # BF16 tokens x hidden, for the band
     python -m tilefly.ops.rms_norm.sweep --quick          # ATen and the heuristic only
     python -m tilefly.ops.rms_norm.sweep --case fp32,2048 # cases whose label contains the text
+    python -m tilefly.ops.rms_norm.sweep --new --case fp16,8192,4097 --case fp32,2048,16385
+                                                          # ATen, the heuristic and configs.new_candidates
+                                                          # (not yet measured), for the named cases
     python -m tilefly.ops.rms_norm.sweep --overhead       # eager per-call cost, tiny input
     python -m tilefly.ops.rms_norm.sweep --host           # CPU only: predicate and op host cost
 
@@ -50,7 +53,7 @@ def bench_us(fn) -> float:
     return measure(fn, QUICK).median_us
 
 
-def sweep_case(dtype: str, M: int, N: int, quick: bool) -> dict:
+def sweep_case(dtype: str, M: int, N: int, quick: bool, new: bool = False) -> dict:
     x = torch.randn(M, N, device="cuda").to(DTYPES[dtype])
     w = (torch.rand(N, device="cuda") + 0.5).to(x.dtype)
     y, rstd = torch.empty_like(x), torch.empty(M, 1, device="cuda")
@@ -62,7 +65,11 @@ def sweep_case(dtype: str, M: int, N: int, quick: bool) -> dict:
         tilefly.config.force = True
         result["op"] = bench_us(lambda: F.rms_norm(x, (N,), w, 1e-6))
         tilefly.config.force = False
-    todo = [configs.heuristic(N, size, layout)] + ([] if quick else configs.candidates(N, size, layout))
+    if new:
+        more = configs.new_candidates(N, size, layout)
+    else:
+        more = [] if quick else configs.candidates(N, size, layout)
+    todo = [configs.heuristic(N, size, layout)] + more
     for cfg in dict.fromkeys(todo):
         try:
             launcher.launch(x, w, y, rstd, 1e-6, cfg)
@@ -164,7 +171,10 @@ def host_cost(repeats: int = 5, calls: int = 50000) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=("rmsnorm", "llm", "all"), default="rmsnorm")
-    parser.add_argument("--case", default="", help="only cases whose 'dtype,m,n' label contains this")
+    parser.add_argument("--case", action="append", default=None,
+                        help="only cases whose 'dtype,m,n' label contains this (repeat for several)")
+    parser.add_argument("--new", action="store_true",
+                        help="time ATen, the heuristic and configs.new_candidates only")
     parser.add_argument("--quick", action="store_true", help="time ATen and the heuristic only")
     parser.add_argument("--overhead", action="store_true", help="only the eager per-call cost")
     parser.add_argument("--host", action="store_true", help="CPU only: predicate and op host cost, launch stubbed")
@@ -182,9 +192,9 @@ def main(argv=None) -> None:
           f"{'TB/s':>5}  {'best us':>8} {'TB/s':>5} {'x aten':>6}  best config")
     for dtype, M, N in suite_cases(args.suite):
         label = f"{dtype},{M},{N}"
-        if args.case not in label:
+        if args.case and not any(text in label for text in args.case):
             continue
-        r = sweep_case(dtype, M, N, args.quick)
+        r = sweep_case(dtype, M, N, args.quick, args.new)
         timed = {k: v for k, v in r.items() if isinstance(k, configs.Config)}
         if not timed:
             print(f"{label:<20} no config ran")
@@ -199,6 +209,9 @@ def main(argv=None) -> None:
         print(f"{label:<20} {r['layout']:<8} {r['aten']:9.1f} {tb(r['bytes'], r['aten']):5.2f}  "
               f"{r['op']:7.1f}  {heur_us:12.1f} {tb(r['bytes'], heur_us):5.2f}  {timed[best]:8.1f} "
               f"{tb(r['bytes'], timed[best]):5.2f} {r['aten'] / timed[best]:6.2f}  {best}")
+        if args.new:  # every config, for the record (few per case)
+            for cfg, us in sorted(timed.items(), key=lambda kv: kv[1]):
+                print(f"    {us:8.1f} us {tb(r['bytes'], us):5.2f} TB/s  {cfg}")
     geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan  # noqa: E731
     print(f"\ngeomean speedup over ATen: heuristic {geo(speed_heur):.2f}x, best {geo(speed_best):.2f}x "
           f"(min {min(speed_best, default=math.nan):.2f}x)")
