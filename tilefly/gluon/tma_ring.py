@@ -40,9 +40,11 @@ def alloc_barriers(STAGES: gl.constexpr):
 
 @gluon.jit
 def issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, item, off_m, off_n, off_k,
-               A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, pred=True):
+               A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, pred=True, b_k_base=0):
     """Start the TMA copies of stream item ``item`` (LHS rows off_m, RHS columns off_n,
-    K offset off_k) into its slot. Out-of-bounds rows and columns arrive as zeros."""
+    K offset off_k) into its slot. Out-of-bounds rows and columns arrive as zeros.
+    ``b_k_base`` shifts only the RHS's K coordinate: a grouped GEMM reads group g's
+    MN-major RHS from a [G*K, N] view, its K rows starting at g*K."""
     slot = item % STAGES
     bar = bars.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
@@ -53,7 +55,7 @@ def issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, item, off_m, off_n, off_k,
     if B_KMAJOR:
         tma.async_copy_global_to_shared(b_desc, [off_n, off_k], bar, b_bufs.index(slot), pred)
     else:
-        tma.async_copy_global_to_shared(b_desc, [off_k, off_n], bar, b_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(b_desc, [b_k_base + off_k, off_n], bar, b_bufs.index(slot), pred)
 
 
 @gluon.jit

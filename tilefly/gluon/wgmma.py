@@ -23,11 +23,13 @@ from tilefly.gluon.tma_ring import issue_load, lhs_operand, rhs_operand, wait_re
 
 @gluon.jit
 def prefetch(a_desc, b_desc, a_bufs, b_bufs, bars, first_item, off_m, off_n, k_first, k_iters,
-             A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr):
-    """Issue the first STAGES-1 K-steps of a tile (fewer when the tile has fewer)."""
+             A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr,
+             b_k_base=0):
+    """Issue the first STAGES-1 K-steps of a tile (fewer when the tile has fewer).
+    ``b_k_base``: see tma_ring.issue_load."""
     for i in gl.static_range(STAGES - 1):
         issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, first_item + i, off_m, off_n, (k_first + i) * BLOCK_K,
-                   A_KMAJOR, B_KMAJOR, STAGES, pred=i < k_iters)
+                   A_KMAJOR, B_KMAJOR, STAGES, pred=i < k_iters, b_k_base=b_k_base)
 
 
 @gluon.jit
@@ -41,7 +43,8 @@ def mma_step(a_bufs, b_bufs, slot, acc, A_KMAJOR: gl.constexpr, B_KMAJOR: gl.con
 
 @gluon.jit
 def mainloop(a_desc, b_desc, a_bufs, b_bufs, bars, first_item, off_m, off_n, k_first, k_iters, acc,
-             A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr):
+             A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr,
+             b_k_base=0):
     """Accumulate k_iters K-steps into acc; ``prefetch`` must have issued the first
     STAGES-1. Returns acc with every wgmma retired."""
     for k in range(k_iters):
@@ -50,7 +53,7 @@ def mainloop(a_desc, b_desc, a_bufs, b_bufs, bars, first_item, off_m, off_n, k_f
         acc = mma_step(a_bufs, b_bufs, item % STAGES, acc, A_KMAJOR, B_KMAJOR)
         ahead = k + STAGES - 1
         issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, first_item + ahead, off_m, off_n,
-                   (k_first + ahead) * BLOCK_K, A_KMAJOR, B_KMAJOR, STAGES, pred=ahead < k_iters)
+                   (k_first + ahead) * BLOCK_K, A_KMAJOR, B_KMAJOR, STAGES, pred=ahead < k_iters, b_k_base=b_k_base)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
 

@@ -38,6 +38,16 @@ FAMILIES: dict[str, Family] = {
                # autotuning times candidates without checking results, so the family stays opt-in
                # (enable(["gemm"])) until they have.
                default=False),
+        Family("grouped_gemm", "tilefly.ops.grouped_gemm", "inductor",
+               "torch._grouped_mm / F.grouped_mm (MoE: 2-D A, 3-D B, offs) under "
+               "torch.compile(mode='max-autotune'), backend TILEFLY",
+               # Compiles for sm_90a; opt-in (enable(["grouped_gemm"])) until its GPU tests pass.
+               default=False),
+        Family("mx_gemm", "tilefly.ops.mx_gemm", "eager",
+               "MXFP8 / MXFP4 F.scaled_mm (BlockWise1x32 E8M0 scales; aten::_scaled_mm_v2 and the legacy "
+               "_scaled_mm), which ATen cannot run on sm_90",
+               # First version: not yet verified on the GPU nor tuned; opt in with enable(["mx_gemm"]).
+               default=False),
     )
 }
 

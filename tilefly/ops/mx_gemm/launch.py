@@ -1,0 +1,132 @@
+"""Host side of the MX GEMM: orientation, descriptors, split-K, launch, and a per-signature cache.
+
+``run(problem, a, b, scale_a, scale_b, out, bias)`` writes ``scaled_mm(a, b) (+ bias)`` into
+``out`` (M x N). The kernel computes ``C = X @ Y^T`` from two K-major row matrices, so:
+
+- X = A (M x K bytes, row-major) and Y = B^T (N x K bytes: B is column-major), C = out; or,
+  when M < N, the swap X = B^T, Y = A, C = out^T (a column-major view), bias along C's rows.
+  The big side then fills the wgmma M slot and the small side (tokens) its N slot;
+- MXFP4 operands are passed as their uint8 bytes (TMA copies bytes; the kernel unpacks);
+- scales are read in place: NO_SWIZZLE through their (row, column) strides, SWIZZLE_32_4_4
+  through the blocked offsets, so no call copies or reorders anything.
+
+K-splits: the small-M shapes have few row tiles (4096 / 128 = 32 for a 4096-wide weight), so
+K is split over enough programs to fill the SMs, ``configs.resident`` programs each
+(tilefly.ops.gemm.configs.choose_splits); the
+partials and per-tile tickets live in the dense GEMM's grow-only per-stream buffers.
+
+Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
+descriptors and argument list; later calls reuse them (descriptors hold bare addresses, not
+tensors) and go straight to Triton's JIT launch.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tilefly import _device
+from tilefly.ops.gemm.configs import choose_splits
+from tilefly.ops.gemm.launch import _Address, _capturing, _placeholders, _splitk_buffers
+from tilefly.ops.mx_gemm import configs
+from tilefly.ops.mx_gemm.configs import MXConfig
+from tilefly.ops.mx_gemm.eligibility import MXProblem
+
+SCALE_BLOCK = 32
+_MAX_PLANS = 1024
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_layout(rows: int, width: int, fp4: bool):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([rows, width], gl.uint8 if fp4 else gl.float8e4nv)
+
+
+def _descriptor(rows_view: torch.Tensor, block_rows: int, fp4: bool):
+    rows, width = rows_view.shape
+    item = SCALE_BLOCK // 2 if fp4 else SCALE_BLOCK
+    # A single row's stride is never used; TMA still wants it 16-byte aligned.
+    stride = rows_view.stride(0) if rows > 1 else _cdiv(width, 16) * 16
+    base = _Address(rows_view.data_ptr(), rows_view.dtype)
+    return TensorDescriptor(base, [rows, width], [stride, 1], [block_rows, item], _shared_layout(block_rows, item, fp4))
+
+
+def _scale_strides(scale: torch.Tensor, swizzled: bool) -> tuple[int, int]:
+    return (0, 0) if swizzled else (scale.stride(0), scale.stride(1))
+
+
+class _Plan:
+    __slots__ = ("cfg", "grid", "args", "constexprs", "workspace", "device")
+
+    def __call__(self, capturing: bool) -> None:
+        from tilefly.ops.mx_gemm import kernels
+
+        args = list(self.args)
+        if self.workspace is None:
+            args[6:8] = _placeholders(self.device)
+        else:
+            args[6:8] = _splitk_buffers(self.device, *self.workspace, capturing)
+        kernels.mx_gemm_kernel[self.grid](*args, **self.constexprs)
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _key(cfg, *tensors):
+    return (cfg,) + tuple(None if t is None else (t.dtype, t.data_ptr(), t.shape, t.stride()) for t in tensors)
+
+
+def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+        out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
+    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
+    key = _key((cfg, p, out.device), a, b, scale_a, scale_b, out, bias)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _prepare(p, a, b, scale_a, scale_b, out, bias, cfg)
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    plan(_capturing())
+    return out
+
+
+def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
+    fp4 = p.fmt == "mxfp4"
+    x, y = a, b.t()                              # [M, K bytes], [N, K bytes], both row-major
+    if fp4:
+        x, y = x.view(torch.uint8), y.view(torch.uint8)
+    sx, sy = scale_a.view(torch.uint8), scale_b.view(torch.uint8)
+    swz_x, swz_y = p.swizzled_a, p.swizzled_b
+    c, bias_mode = out, (0 if bias is None else 1)
+    if p.m < p.n:                                # the big side goes into the wgmma M slot
+        x, y, sx, sy, swz_x, swz_y, c = y, x, sy, sx, swz_y, swz_x, out.t()
+        bias_mode = 0 if bias is None else 2
+    rows, cols = x.shape[0], y.shape[0]
+    cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
+    x_desc = _descriptor(x, cfg.block_m, fp4)
+    y_desc = _descriptor(y, cfg.block_n, fp4)
+    tiles = _cdiv(rows, cfg.block_m) * _cdiv(cols, cfg.block_n)
+    k_blocks = p.k // SCALE_BLOCK
+    splits = choose_splits(cfg, tiles, k_blocks, _device.sm_count(out) * configs.resident(cfg, p.fmt))
+    per_split = _cdiv(k_blocks, splits)
+    splits = _cdiv(k_blocks, per_split)
+
+    plan = _Plan()
+    plan.cfg, plan.device = cfg, out.device
+    plan.grid = (tiles, splits, 1)
+    plan.workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
+    bias_arg = out if bias is None else bias
+    plan.args = [x_desc, y_desc, _Address(sx.data_ptr(), torch.uint8), _Address(sy.data_ptr(), torch.uint8),
+                 _Address(c.data_ptr(), c.dtype), _Address(bias_arg.data_ptr(), bias_arg.dtype), None, None,
+                 rows, cols, p.k, *_scale_strides(sx, swz_x), *_scale_strides(sy, swz_y),
+                 c.stride(0), c.stride(1), 0 if bias is None else bias.stride(0), per_split]
+    plan.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y,
+                           BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
+                           STAGES=cfg.stages, num_warps=cfg.num_warps)
+    return plan
