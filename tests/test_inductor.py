@@ -40,6 +40,7 @@ class RecordingProvider:
 def provider(monkeypatch):
     p = RecordingProvider()
     monkeypatch.setitem(_inductor._providers, "fake_op", [p])
+    monkeypatch.setattr(_inductor, "_enabled", {"recording"})
     return p
 
 
@@ -117,8 +118,22 @@ def test_providers_are_asked_only_when_requested(provider):
     assert provider.asked == ["fake_op"]
 
 
+def test_a_registered_family_offers_nothing_until_enabled(provider):
+    # importing a family (explain() imports them all) registers its provider; enable() chooses
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="TILEFLY"):
+        _inductor._enabled.clear()
+        assert _inductor._extra_choices(object(), "fake_op") == [] and provider.asked == []
+        _inductor.install(["recording"])
+        assert _inductor._extra_choices(object(), "fake_op") == ["choice"]
+        _inductor.uninstall(["other"])
+        assert _inductor.installed() and _inductor._extra_choices(object(), "fake_op") == ["choice"]
+        _inductor.uninstall(["recording"])
+        assert not _inductor.installed() and _inductor._extra_choices(object(), "fake_op") == []
+
+
 def test_a_failing_provider_never_breaks_compilation(monkeypatch, caplog):
     monkeypatch.setitem(_inductor._providers, "fake_op", [RecordingProvider(fail=True)])
+    monkeypatch.setattr(_inductor, "_enabled", {"recording"})
     with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="TILEFLY"):
         assert _inductor._extra_choices(object(), "fake_op") == []
     assert "provider bug" in caplog.text

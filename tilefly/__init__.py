@@ -67,7 +67,7 @@ def enable(ops: Iterable[str] | str | None = None) -> tuple[str, ...]:
     if inductor:
         from tilefly import _inductor
 
-        _inductor.install()
+        _inductor.install(inductor)
         _inductor_families.update(inductor)
     return enabled_ops()
 
@@ -77,8 +77,8 @@ def disable(ops: Iterable[str] | str | None = None) -> None:
     names = None if ops is None else _families(ops)
     _dispatch.uninstall(names)
     _inductor_families.difference_update(_inductor_families if names is None else names)
-    if not _inductor_families and "tilefly._inductor" in sys.modules:  # never import Inductor just to undo nothing
-        sys.modules["tilefly._inductor"].uninstall()
+    if "tilefly._inductor" in sys.modules:  # never import Inductor just to undo nothing
+        sys.modules["tilefly._inductor"].uninstall(names)
 
 
 def enabled_ops() -> tuple[str, ...]:

@@ -1,9 +1,10 @@
 """tilefly's candidates in Inductor's max-autotune: an InductorChoices subclass.
 
-Op families that Inductor reaches (dense GEMM now; grouped and MX GEMMs later)
-call ``register_candidates(op_name, provider)`` when imported. ``install()``
-(called by ``tilefly.enable()``) sets ``torch._inductor.config.inductor_choices_class``
-to ``TileflyChoices``; its ``get_template_configs`` appends the providers'
+Op families that Inductor reaches (dense and grouped GEMM) call
+``register_candidates(op_name, provider)`` when imported; a provider's ``name`` is
+its family's. ``install(families)`` (called by ``tilefly.enable()``) enables those
+families and sets ``torch._inductor.config.inductor_choices_class`` to
+``TileflyChoices``; its ``get_template_configs`` appends the enabled providers'
 ``ExternKernelChoice``s for that op whenever
 
 - max-autotune is on for GEMMs (``max_autotune`` or ``max_autotune_gemm``),
@@ -11,7 +12,8 @@ to ``TileflyChoices``; its ``get_template_configs`` appends the providers'
   not know, so "ATEN,TRITON,TILEFLY" is safe without tilefly), and
 - ``TILEFLY_DISABLE`` is not set.
 
-Otherwise the choice list is exactly Inductor's own. The class goes through the
+Otherwise the choice list is exactly Inductor's own. Importing a family (``explain()``
+imports them all) registers it but offers nothing until it is enabled. The class goes through the
 config, not ``V.set_choices_handler``, because the config enters the FX graph
 cache key (through ``uuid()``): a cached graph that calls a tilefly kernel is
 then never loaded by a process without tilefly installed.
@@ -46,6 +48,7 @@ class CandidateProvider(Protocol):
 _lock = threading.RLock()
 _providers: dict[str, list[CandidateProvider]] = {}
 _saved_choices_class: list[Any] = []   # what inductor_choices_class was before install(); [] when not installed
+_enabled: set[str] = set()             # families whose providers offer candidates
 
 
 def register_candidates(op_name: str, provider: CandidateProvider) -> None:
@@ -68,6 +71,11 @@ def registered(op_name: str | None = None) -> list[CandidateProvider]:
         return seen
 
 
+def enabled(provider: CandidateProvider) -> bool:
+    """Is ``provider``'s family enabled (tilefly.enable)?"""
+    return provider.name in _enabled
+
+
 def requested() -> bool:
     """Does the current Inductor config ask for TILEFLY candidates?"""
     from torch._inductor import config as inductor_config
@@ -85,6 +93,8 @@ def _extra_choices(kernel_inputs: Any, op_name: str) -> list[Any]:
         return []
     extra: list[Any] = []
     for provider in registered(op_name):
+        if not enabled(provider):
+            continue
         try:
             extra.extend(provider.candidates(kernel_inputs, op_name))
         except Exception as exc:  # noqa: BLE001 - a broken provider must never break compilation
@@ -106,7 +116,7 @@ def _build_choices_class():
             return super().get_template_configs(kernel_inputs, templates, op_name, kwarg_overrides)
 
         def uuid(self) -> str:
-            names = ",".join(sorted(p.name for p in registered()))
+            names = ",".join(sorted(p.name for p in registered() if enabled(p)))
             return f"tilefly-choices-1:{config.gemm_autotune}:{names}"
 
     # Importable as tilefly._inductor.TileflyChoices, so the config pickles by reference.
@@ -134,11 +144,12 @@ def installed() -> bool:
     return bool(_saved_choices_class)
 
 
-def install() -> None:
-    """Make Inductor consult tilefly's candidates; idempotent."""
+def install(families=()) -> None:
+    """Enable ``families``' candidates and make Inductor consult tilefly's; idempotent."""
     from torch._inductor import config as inductor_config
 
     with _lock:
+        _enabled.update(families)
         if _saved_choices_class:
             return
         current = inductor_config.inductor_choices_class
@@ -153,12 +164,14 @@ def install() -> None:
         _forget_cached_handler()
 
 
-def uninstall() -> None:
-    """Give Inductor its own choices back; idempotent."""
+def uninstall(families=None) -> None:
+    """Stop offering ``families``' candidates (default: all); once none is left, give Inductor
+    its own choices back. Idempotent."""
     from torch._inductor import config as inductor_config
 
     with _lock:
-        if not _saved_choices_class:
+        _enabled.difference_update(_enabled if families is None else families)
+        if _enabled or not _saved_choices_class:
             return
         if inductor_config.inductor_choices_class is _choices_class():
             inductor_config.inductor_choices_class = _saved_choices_class[0]

@@ -184,7 +184,7 @@ def tilefly_inductor(monkeypatch):
     from tilefly.ops.gemm import inductor as gemm_inductor
 
     import tilefly.ops.gemm  # noqa: F401 - registers the provider
-    _inductor.install()
+    _inductor.install(["gemm"])
     offered = []
     original = gemm_inductor.GemmProvider.candidates
 

@@ -21,7 +21,7 @@ from tilefly.ops.gemm import inductor as gemm_inductor  # noqa: E402
 def offered(monkeypatch):
     """Install tilefly's choices; returns {op_name: [choice names]} Inductor was offered."""
     monkeypatch.setattr(gemm_inductor, "_device_of", lambda node: ("cuda", (9, 0)))
-    _inductor.install()
+    _inductor.install(["gemm"])
     gemm_inductor.register_heuristics("cpu")
     cls = _inductor.TileflyChoices
     original = cls.get_template_configs

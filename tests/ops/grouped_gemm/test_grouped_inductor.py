@@ -50,7 +50,7 @@ class Spy:
 @pytest.fixture
 def spy(monkeypatch):
     monkeypatch.setattr(grouped_inductor, "_device_of", lambda node: ("cuda", (9, 0)))
-    _inductor.install()
+    _inductor.install(["grouped_gemm"])
     fns = select_algorithm.get_algorithm_selector_cache().preprocessing_fns
     assert grouped_inductor.append_grouped_choices in fns, "install() hooks the selector"
     index = fns.index(grouped_inductor.append_grouped_choices)

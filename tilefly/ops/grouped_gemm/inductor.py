@@ -102,7 +102,7 @@ def _call_site(choices: list[Any]) -> tuple[list[Any], Any] | None:
 
 def append_grouped_choices(choices: list[Any]) -> list[Any]:
     """Preprocessing function: ``choices`` plus tilefly's for a _grouped_mm call site."""
-    if not (_inductor.installed() and _inductor.requested()):
+    if not (_inductor.installed() and _inductor.enabled(PROVIDER) and _inductor.requested()):
         return choices
     try:
         site = _call_site(choices)
