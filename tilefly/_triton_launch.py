@@ -36,6 +36,46 @@ def hooks_active() -> bool:
     return bool(getattr(hook, "calls", hook))  # HookChain (3.6) or a plain callable/None (older)
 
 
+def run_compiled(compiled, grid, stream: int, args) -> None:
+    """Launch a ``CompiledKernel`` through ``CompiledKernel.run`` (any Triton version), building
+    the launch metadata only when a hook will read it: ``launch_metadata`` tests the hook
+    against None, which Triton 3.6's HookChain never is, so it would be built on every call."""
+    from triton import knobs
+
+    grid = (*grid, 1, 1)[:3]
+    meta = compiled.launch_metadata(grid, stream, *args) if hooks_active() else None
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta,
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+
+class Address:
+    """A device address standing in for a tensor in a cached launch, so a cached plan keeps no
+    tensor alive; Triton's launcher asks it only for ``data_ptr()`` (a descriptor's base also
+    for its dtype)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype):
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def detached(value):
+    """A launch argument as a cached plan keeps it: tensors as addresses, Gluon TMA descriptors
+    rebuilt over an ``Address``, anything else as is."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    if isinstance(value, TensorDescriptor):
+        return TensorDescriptor(Address(value.base.data_ptr(), value.base.dtype), value.shape, value.strides,
+                                value.block_shape, value.layout)
+    return value
+
+
 class Direct:
     """One compiled kernel, launched through Triton 3.6's C launch function."""
 

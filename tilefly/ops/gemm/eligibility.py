@@ -11,68 +11,20 @@
     addmm: bias of the same dtype, a vector     1-D bias of N (broadcast rows) or a column
       broadcast along rows or columns             vector; a full M x N bias stays with ATen
 
-The predicate works on ``MatrixFacts`` so the same code judges Inductor IR
+The predicate works on ``MatrixFacts`` (tilefly.ops.tensor_facts) so the same code judges Inductor IR
 nodes at choice time (``facts_from_node``), fake or meta tensors in tests and
 real tensors at run time (``facts_from_tensor``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-DTYPES = (torch.float16, torch.bfloat16)
-TMA_ALIGN = 16
-MAX_DIM = 2**31 - 1
+from tilefly.ops.tensor_facts import (GEMM_DTYPES as DTYPES, MAX_DIM, TMA_ALIGN, TensorFacts,  # noqa: F401
+                                      facts_from_node, facts_from_tensor)
 
-
-@dataclass(frozen=True)
-class MatrixFacts:
-    shape: tuple[int, ...] | None     # None when any size is symbolic
-    stride: tuple[int, ...] | None
-    dtype: torch.dtype
-    misalign: int | None = 0          # base address modulo 16 bytes (None: unknown)
-
-    @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
-
-
-def _static(values) -> tuple[int, ...] | None:
-    out = []
-    for v in values:
-        try:
-            out.append(int(v))
-        except (TypeError, ValueError):
-            return None
-    return tuple(out)
-
-
-def facts_from_tensor(t: torch.Tensor) -> MatrixFacts:
-    if t.device.type in ("meta", "cpu") or _is_fake(t):
-        misalign = (t.storage_offset() * t.element_size()) % TMA_ALIGN
-    else:
-        misalign = t.data_ptr() % TMA_ALIGN
-    return MatrixFacts(tuple(t.shape), tuple(t.stride()), t.dtype, misalign)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor)
-
-
-def facts_from_node(node: Any) -> MatrixFacts:
-    """Facts of an Inductor IR node (buffer or view) at choice time."""
-    offset = None
-    try:
-        offset = _static([node.get_layout().offset])
-    except Exception:  # noqa: BLE001 - views without a layout offset: treat as unknown
-        pass
-    itemsize = node.get_dtype().itemsize
-    misalign = None if offset is None else (offset[0] * itemsize) % TMA_ALIGN
-    return MatrixFacts(_static(node.get_size()), _static(node.get_stride()), node.get_dtype(), misalign)
+MatrixFacts = TensorFacts  # the name this family's code and tests use
 
 
 def row_major_ok(shape: tuple[int, int], stride: tuple[int, int], itemsize: int) -> bool:

@@ -28,11 +28,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from triton import knobs
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.driver import driver
 
 from tilefly import _device
+from tilefly._triton_launch import detached, run_compiled
 from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of
 from tilefly.ops.gemm.eligibility import TMA_ALIGN, MatrixFacts, bias_mode, facts_from_tensor, row_major_ok
 
@@ -216,28 +216,6 @@ class Launch:
         return kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
 
 
-class _Address:
-    """A device address standing in for a tensor in a cached plan, so plans keep no
-    tensor alive; Triton's launcher only asks it for ``data_ptr()``."""
-
-    __slots__ = ("ptr", "dtype")
-
-    def __init__(self, ptr: int, dtype: torch.dtype):
-        self.ptr, self.dtype = ptr, dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
-def _detached(value):
-    if isinstance(value, torch.Tensor):
-        return value.data_ptr()
-    if isinstance(value, TensorDescriptor):
-        return TensorDescriptor(_Address(value.base.data_ptr(), value.base.dtype), value.shape, value.strides,
-                                value.block_shape, value.layout)
-    return value
-
-
 class _Plan:
     """A cached launch: the compiled kernel called directly with every parameter in
     signature order (what the JIT would pass after binding), tensors as addresses."""
@@ -248,7 +226,7 @@ class _Plan:
         names = kernel_of(launch.cfg).arg_names
         values = dict(zip(names, launch.args))
         values.update(launch.constexprs)
-        self.args = [_detached(values[name]) for name in names]
+        self.args = [detached(values[name]) for name in names]
         self.compiled, self.grid = compiled, launch.grid
         self.device = launch.device
         self.workspace, self.workspace_at = launch.workspace, launch.workspace_at
@@ -261,8 +239,7 @@ class _Plan:
             args[self.workspace_at:self.workspace_at + 2] = [
                 t.data_ptr() for t in _splitk_buffers(self.device, *self.workspace, False, stream)]
         ck = self.compiled
-        ck.run(*self.grid, stream, ck.function, ck.packed_metadata, ck.launch_metadata(self.grid, stream, *args),
-               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+        run_compiled(ck, self.grid, stream, args)
 
 
 _MAX_PLANS = 1024

@@ -20,63 +20,18 @@
 
 Row-major B additionally needs K to be a multiple of a config's BLOCK_K; that is
 a per-config condition (configs.problem_reason), not part of this predicate.
-Works on ``TensorFacts`` so the same code judges Inductor IR nodes
-(``facts_from_node``), fake or meta tensors and real tensors (``facts_from_tensor``).
-These mirror the dense GEMM's MatrixFacts; they are not imported from
-tilefly.ops.gemm because importing that package registers the dense family.
+Works on ``TensorFacts`` (tilefly.ops.tensor_facts, shared with the dense GEMM) so the
+same code judges Inductor IR nodes, fake or meta tensors and real tensors.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from tilefly.ops.grouped_gemm.configs import MAX_GROUPS
-
-DTYPES = (torch.float16, torch.bfloat16)
-TMA_ALIGN = 16
-MAX_DIM = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class TensorFacts:
-    shape: tuple[int, ...] | None     # None when any size is symbolic
-    stride: tuple[int, ...] | None
-    dtype: torch.dtype
-    misalign: int | None = 0          # base address modulo 16 bytes (None: unknown)
-
-    @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
-
-
-def _static(values) -> tuple[int, ...] | None:
-    try:
-        return tuple(int(v) for v in values)
-    except (TypeError, ValueError):
-        return None
-
-
-def facts_from_tensor(t: torch.Tensor) -> TensorFacts:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if t.device.type in ("meta", "cpu") or isinstance(t, FakeTensor):
-        misalign = (t.storage_offset() * t.element_size()) % TMA_ALIGN
-    else:
-        misalign = t.data_ptr() % TMA_ALIGN
-    return TensorFacts(tuple(t.shape), tuple(t.stride()), t.dtype, misalign)
-
-
-def facts_from_node(node: Any) -> TensorFacts:
-    """Facts of an Inductor IR node (buffer or view) at choice time."""
-    offset = None
-    try:
-        offset = _static([node.get_layout().offset])
-    except Exception:  # noqa: BLE001 - views without a layout offset: treat as unknown
-        pass
-    misalign = None if offset is None else (offset[0] * node.get_dtype().itemsize) % TMA_ALIGN
-    return TensorFacts(_static(node.get_size()), _static(node.get_stride()), node.get_dtype(), misalign)
+from tilefly.ops.tensor_facts import (GEMM_DTYPES as DTYPES, MAX_DIM, TMA_ALIGN, TensorFacts,  # noqa: F401
+                                      facts_from_node, facts_from_tensor)
 
 
 @dataclass(frozen=True)

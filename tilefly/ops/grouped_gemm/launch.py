@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from triton import knobs
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.driver import driver
 
 from tilefly import _device
+from tilefly._triton_launch import detached, run_compiled
 from tilefly.ops.grouped_gemm.configs import GroupedConfig, groups_pad, kernel_of, problem_reason
 from tilefly.ops.grouped_gemm.eligibility import TMA_ALIGN, a_row_stride, b_view
 
@@ -131,40 +131,17 @@ class _Plan:
         names = kernel_of(launch.cfg).arg_names
         values = dict(zip(names, launch.args))
         values.update(launch.constexprs)
-        self.args = [_detached(values[name]) for name in names]
+        self.args = [detached(values[name]) for name in names]
         self.compiled, self.grid, self.device = compiled, launch.grid, device
 
     def __call__(self) -> None:
         stream = _stream(self.device)
         ck, args = self.compiled, self.args
-        ck.run(*self.grid, stream, ck.function, ck.packed_metadata, ck.launch_metadata(self.grid, stream, *args),
-               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+        run_compiled(ck, self.grid, stream, args)
 
 
 _MAX_PLANS = 1024
 _plans: dict[tuple, _Plan] = {}
-
-
-class _Address:
-    """A device address standing in for a tensor in a cached plan; Triton's launcher
-    only asks it for ``data_ptr()`` (and a descriptor's base for its dtype)."""
-
-    __slots__ = ("ptr", "dtype")
-
-    def __init__(self, ptr: int, dtype: torch.dtype):
-        self.ptr, self.dtype = ptr, dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
-def _detached(value):
-    if isinstance(value, torch.Tensor):
-        return value.data_ptr()
-    if isinstance(value, TensorDescriptor):
-        return TensorDescriptor(_Address(value.base.data_ptr(), value.base.dtype), value.shape, value.strides,
-                                value.block_shape, value.layout)
-    return value
 
 
 def _capturing() -> bool:

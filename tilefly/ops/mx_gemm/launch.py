@@ -28,7 +28,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilefly import _device
 from tilefly.ops.gemm.configs import choose_splits
-from tilefly.ops.gemm.launch import _Address, _capturing, _placeholders, _splitk_buffers
+from tilefly._triton_launch import Address
+from tilefly.ops.gemm.launch import _capturing, _placeholders, _splitk_buffers
 from tilefly.ops.mx_gemm import configs
 from tilefly.ops.mx_gemm.configs import MXConfig
 from tilefly.ops.mx_gemm.eligibility import MXProblem
@@ -53,7 +54,7 @@ def _descriptor(rows_view: torch.Tensor, block_rows: int, fp4: bool):
     item = SCALE_BLOCK // 2 if fp4 else SCALE_BLOCK
     # A single row's stride is never used; TMA still wants it 16-byte aligned.
     stride = rows_view.stride(0) if rows > 1 else _cdiv(width, 16) * 16
-    base = _Address(rows_view.data_ptr(), rows_view.dtype)
+    base = Address(rows_view.data_ptr(), rows_view.dtype)
     return TensorDescriptor(base, [rows, width], [stride, 1], [block_rows, item], _shared_layout(block_rows, item, fp4))
 
 
@@ -122,8 +123,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
     plan.grid = (tiles, splits, 1)
     plan.workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     bias_arg = out if bias is None else bias
-    plan.args = [x_desc, y_desc, _Address(sx.data_ptr(), torch.uint8), _Address(sy.data_ptr(), torch.uint8),
-                 _Address(c.data_ptr(), c.dtype), _Address(bias_arg.data_ptr(), bias_arg.dtype), None, None,
+    plan.args = [x_desc, y_desc, Address(sx.data_ptr(), torch.uint8), Address(sy.data_ptr(), torch.uint8),
+                 Address(c.data_ptr(), c.dtype), Address(bias_arg.data_ptr(), bias_arg.dtype), None, None,
                  rows, cols, p.k, *_scale_strides(sx, swz_x), *_scale_strides(sy, swz_y),
                  c.stride(0), c.stride(1), 0 if bias is None else bias.stride(0), per_split]
     plan.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y,

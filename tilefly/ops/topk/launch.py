@@ -55,14 +55,7 @@ class _Kernel:
             _record(kernel, grid, full)
             return
         _record(kernel, grid, full)
-        from triton import knobs
-
-        enter = knobs.runtime.launch_enter_hook
-        stream = torch._C._cuda_getCurrentRawStream(device.index)
-        meta = kernel.launch_metadata(grid, stream, *full) if _triton_launch.hooks_active() else None
-        g1 = grid[1] if len(grid) > 1 else 1
-        kernel.run(grid[0], g1, 1, stream, kernel.function, kernel.packed_metadata, meta, enter,
-                   knobs.runtime.launch_exit_hook, *full)
+        _triton_launch.run_compiled(kernel, grid, _triton_launch.current_stream(device.index), full)
 
 
 def _spec(arg) -> tuple:
