@@ -254,4 +254,4 @@ def test_replayed_launches_match_on_new_buffers(N, k):
     _check(buf[1:].view(rows, N), k)
     _check(_data(rows, N, seed=9), k, largest=False)
     plans = [p for p in eager._plans.values() if isinstance(p, eager.Served)]
-    assert plans and all(p.replay is not None for p in plans), "no call was replayed"
+    assert plans and all(p.replay for p in plans), "no call was replayed"

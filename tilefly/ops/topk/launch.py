@@ -136,12 +136,13 @@ def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
 class Replay:
     """The launches of one traced ``topk_rows`` call, ready to repeat on new buffers."""
 
-    __slots__ = ("steps", "scratch_numel", "x_misaligned", "hooks")
+    __slots__ = ("steps", "scratch_numel", "x_mod16", "hooks")
 
     def usable(self, x_ptr: int) -> bool:
-        """Whether this call may replay: x as aligned as when traced, and no profiler hook
-        (Triton 3.6's HookChain, whose ``calls`` fill when one listens)."""
-        return (x_ptr & 15 != 0) is self.x_misaligned and not self.hooks.calls
+        """Whether this call may replay: x at the same address modulo 16 as when traced (every
+        pointer into x, batch offsets included, then keeps the alignment its kernel was
+        specialized on), and no profiler hook (Triton 3.6's HookChain fills ``calls``)."""
+        return x_ptr & 15 == self.x_mod16 and not self.hooks.calls
 
     def __call__(self, x_ptr: int, values_ptr: int, indices_ptr: int, index: int, device) -> None:
         scratch = _scratch((self.scratch_numel,), torch.int64, device) if self.scratch_numel else None
@@ -186,7 +187,7 @@ def trace(x: torch.Tensor, rows: torch.Tensor, k: int, largest: bool, values: to
         steps.append((direct, grid[0], grid[1] if len(grid) > 1 else 1, tuple(spec)))
     replay = Replay()
     replay.steps, replay.scratch_numel = tuple(steps), 0 if scratch is None else scratch.numel()
-    replay.x_misaligned = x.data_ptr() % 16 != 0  # the kernels were specialized on it
+    replay.x_mod16 = x.data_ptr() & 15
     from triton import knobs
 
     replay.hooks = knobs.runtime.launch_enter_hook
