@@ -121,8 +121,8 @@ def cuda_branch(on_hopper, monkeypatch):
 
 def test_recent_guard_answers_repeats_and_only_repeats(cuda_branch, plan_builds):
     x, w = torch.randn(64, 4096, dtype=torch.float16), torch.randn(4096, dtype=torch.float16)
-    assert eager.rms_norm_reason(x, [4096], w, 1e-6) is None
-    assert eager._recent is not None and eager._recent[2] is eager._pending[3]
+    plan = eager.rms_norm_plan(x, [4096], w, 1e-6)
+    assert isinstance(plan, eager.Plan) and eager._recent is not None and eager._recent[2] is plan
     eager._plans.clear()                                          # only the guard can answer now
     assert eager.rms_norm_reason(torch.randn(64, 4096, dtype=torch.float16), [4096],
                                  torch.randn(4096, dtype=torch.float16)) is None
@@ -134,7 +134,7 @@ def test_recent_guard_answers_repeats_and_only_repeats(cuda_branch, plan_builds)
     assert eager.rms_norm_reason(x, [4096]) is None                                  # no weight: its own guard
     assert eager._recent[1] is True
     sliced = torch.randn(64, 4100, dtype=torch.float16)[:, :4096]                      # same shape, other strides
-    assert eager.rms_norm_reason(sliced, [4096], w) is None and eager._pending[3].stride == 4100
+    assert eager.rms_norm_plan(sliced, [4096], w).stride == 4100
     assert "launch-bound" in eager.rms_norm_reason(torch.randn(1, 1024, dtype=torch.float16), [1024])
     assert "launch-bound" in eager.rms_norm_reason(torch.randn(1, 1024, dtype=torch.float16), [1024])
 
@@ -146,20 +146,19 @@ def test_cache_is_bounded(on_hopper, monkeypatch):
         assert len(eager._plans) <= 8
 
 
-def test_the_op_uses_the_predicates_plan_only_for_that_very_call(on_hopper, monkeypatch):
+def test_the_op_runs_the_plan_its_predicate_returned(on_hopper, monkeypatch):
     plans = []
     monkeypatch.setattr(launcher, "run_plan", lambda plan, *args: plans.append(plan))
     x, w = torch.randn(8, 4096, dtype=torch.float16), torch.randn(4096, dtype=torch.float16)
     norm = [4096]
-    assert eager.rms_norm_reason(x, norm, w, 1e-6) is None
-    y, rstd = eager.rms_norm_forward(x, norm, w, 1e-6)
-    assert plans[-1] is eager._plans[next(iter(eager._plans))] and eager._pending is None
+    plan = eager.rms_norm_plan(x, norm, w, 1e-6)
+    y, rstd = eager.rms_norm_served(plan, x, norm, w, 1e-6)
+    assert plans[-1] is plan is eager._plans[next(iter(eager._plans))]
     assert (y.shape, y.dtype, rstd.shape, rstd.dtype) == ((8, 4096), torch.float16, (8, 1), torch.float32)
 
-    other = torch.randn(16, 4096, dtype=torch.float16)       # not what the predicate saw
-    assert eager.rms_norm_reason(x, norm, w, 1e-6) is None
+    other = torch.randn(16, 4096, dtype=torch.float16)       # called directly: its own plan
     y, rstd = eager.rms_norm_forward(other, norm, w, 1e-6)
-    assert plans[-1].M == 16 and rstd.shape == (16, 1) and eager._pending is None
+    assert plans[-1].M == 16 and rstd.shape == (16, 1)
     with pytest.raises(ValueError, match="not the trailing dims"):
         eager.rms_norm_forward(x, [8], None, 1e-6)
 
@@ -224,8 +223,8 @@ def test_enable_installs_the_route_and_disable_restores_aten():
     assert (OP, "CUDA") in _dispatch._routes
     assert "_dispatch.py" in _cuda_kernel_of_op(), "tilefly's handler must own the CUDA key"
     impls = _dispatch._routes[(OP, "CUDA")].impls
-    assert [(i.name, i.predicate, i.fn) for i in impls] == \
-        [("triton_rms_norm", eager.rms_norm_reason, eager.rms_norm_forward)]
+    assert [(i.name, i.predicate, i.fn, i.takes_plan) for i in impls] == \
+        [("triton_rms_norm", eager.rms_norm_plan, eager.rms_norm_served, True)]
     tilefly.disable()
     assert (OP, "CUDA") not in _dispatch._routes
     assert "_dispatch.py" not in _cuda_kernel_of_op()

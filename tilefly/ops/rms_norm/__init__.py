@@ -7,6 +7,7 @@ _dispatch.register(_dispatch.Impl(
     family="rms_norm",
     op="aten::_fused_rms_norm",
     name="triton_rms_norm",
-    predicate=eager.rms_norm_reason,
-    fn=eager.rms_norm_forward,
+    predicate=eager.rms_norm_plan,
+    fn=eager.rms_norm_served,
+    takes_plan=True,
 ))

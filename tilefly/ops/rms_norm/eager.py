@@ -37,9 +37,9 @@ Host path. Everything the predicate and the launch derive from the input's metad
 a ``Plan`` per (shape, strides, dtype, device, weight shape/strides/dtype/device). The last new
 CUDA key also gets a C++ tensor guard (the one Dynamo uses: dtype, device, sizes, strides,
 dispatch keys), so a call repeating it (every RMSNorm of a decode step) costs one guard check;
-other calls build the key and look it up. A served predicate hands its plan to the op through
-``_pending`` (checked by identity: a call from elsewhere rebuilds), and the op does two
-empty_like allocations and one call of Triton's C launcher (launcher.run_plan).
+other calls build the key and look it up. A served predicate hands its plan to the op through the
+router (Impl.takes_plan), and the op does two empty_like allocations and one call of
+Triton's C launcher (launcher.run_plan).
 Per call on the 2-core CPU box, CPU tensors taking the CUDA branch, launch stubbed
 (``python -m tilefly.ops.rms_norm.sweep --host``; before: the first version of this file):
 predicate 2.69 -> 0.38 us (0.74 when the guard misses), op 6.4 -> 2.96 us (1.75 of it the two
@@ -83,7 +83,6 @@ class Plan:
 
 
 _plans: dict = {}
-_pending = None   # (input, normalized_shape, weight, plan) of the last served predicate call
 _recent = None    # (guard, weight is None, plan) of the last CUDA call served from a new key
 
 
@@ -98,8 +97,10 @@ def _guard_of(*tensors):
         return None
 
 
-def rms_norm_reason(input, normalized_shape, weight=None, eps=None) -> str | None:
-    global _pending, _recent
+def rms_norm_plan(input, normalized_shape, weight=None, eps=None):
+    """The router's predicate for ``aten::_fused_rms_norm``: a reason string, or the served
+    ``Plan``, which the router hands to ``rms_norm_served`` (Impl.takes_plan)."""
+    global _recent
     recent = _recent
     if (recent is not None and (weight is None) is recent[1]
             and (recent[0].check(input) if weight is None else recent[0].check(input, weight))
@@ -127,22 +128,32 @@ def rms_norm_reason(input, normalized_shape, weight=None, eps=None) -> str | Non
         return plan.reason
     if plan.band is not None and not config.force:
         return plan.band
-    _pending = (input, normalized_shape, weight, plan)
-    return None
+    return plan
+
+
+def rms_norm_reason(input, normalized_shape, weight=None, eps=None) -> str | None:
+    """Why ``F.rms_norm`` with these arguments stays on ATen, or None when tilefly serves it."""
+    plan = rms_norm_plan(input, normalized_shape, weight, eps)
+    return plan if plan.__class__ is str else None
+
+
+def rms_norm_served(plan, input, normalized_shape, weight=None, eps=None):
+    """``aten::_fused_rms_norm`` for the ``Plan`` the predicate returned: returns (y, rstd)."""
+    if plan is None:  # the predicate answered without a plan (CPU stand-ins in tests)
+        return rms_norm_forward(input, normalized_shape, weight, eps)
+    return _run(plan, input, weight, eps)
 
 
 def rms_norm_forward(input, normalized_shape, weight=None, eps=None, *, kernel_config=None):
-    """``aten::_fused_rms_norm`` for inputs ``rms_norm_reason`` accepts: returns (y, rstd).
-    ``kernel_config`` (a configs.Config) overrides the heuristic."""
-    global _pending
-    pending, _pending = _pending, None
-    if (pending is not None and pending[0] is input and pending[1] is normalized_shape
-            and pending[2] is weight and kernel_config is None):
-        plan = pending[3]
-    else:  # not straight from the router's predicate
-        plan = _build_plan(input, normalized_shape, weight)
-        if plan.reason is not None:
-            raise ValueError(f"rms_norm_forward: {plan.reason}")
+    """``aten::_fused_rms_norm`` for inputs ``rms_norm_reason`` accepts, called directly (tests,
+    sweeps): returns (y, rstd). ``kernel_config`` (a configs.Config) overrides the heuristic."""
+    plan = _build_plan(input, normalized_shape, weight)
+    if plan.reason is not None:
+        raise ValueError(f"rms_norm_forward: {plan.reason}")
+    return _run(plan, input, weight, eps, kernel_config)
+
+
+def _run(plan, input, weight, eps, kernel_config=None):
     if plan.M == 0:
         return (torch.empty_like(input, memory_format=torch.contiguous_format),
                 torch.empty(plan.rstd_shape, dtype=torch.float32, device=input.device))

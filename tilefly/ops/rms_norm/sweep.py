@@ -130,24 +130,24 @@ def host_cost(repeats: int = 5, calls: int = 50000) -> None:
     launcher._hooks = types.SimpleNamespace(calls=[])
     try:
         for t in (x2, x):  # x last: its metadata is the recent guard's
-            assert eager.rms_norm_reason(t, norm, w, 1e-6) is None, "BF16 rows of 4096 must be served"
-            plan = eager._pending[3]
+            plan = eager.rms_norm_plan(t, norm, w, 1e-6)
+            assert isinstance(plan, eager.Plan), "BF16 rows of 4096 must be served"
             plan.fast = (lambda *args: None, 1, 0, False, False, (8, 1, 0), plan.M, plan.N, plan.stride,
                          (4096, 2, 8, True, False, True))
 
         def op():
-            eager._pending = (x, norm, w, plan)
-            eager.rms_norm_forward(x, norm, w, 1e-6)
+            eager.rms_norm_served(plan, x, norm, w, 1e-6)
 
-        def served():
-            if eager.rms_norm_reason(x, norm, w, 1e-6) is None:
-                eager.rms_norm_forward(x, norm, w, 1e-6)
+        def served():  # what the router does (Impl.takes_plan)
+            answer = eager.rms_norm_plan(x, norm, w, 1e-6)
+            if answer.__class__ is not str:
+                eager.rms_norm_served(answer, x, norm, w, 1e-6)
 
         def alternating():  # the recent guard misses every call: the dict lookup decides
-            eager.rms_norm_reason(x2, norm, w, 1e-6)
-            eager.rms_norm_reason(x, norm, w, 1e-6)
+            eager.rms_norm_plan(x2, norm, w, 1e-6)
+            eager.rms_norm_plan(x, norm, w, 1e-6)
 
-        for label, fn, per in (("predicate", lambda: eager.rms_norm_reason(x, norm, w, 1e-6), 1),
+        for label, fn, per in (("predicate", lambda: eager.rms_norm_plan(x, norm, w, 1e-6), 1),
                                ("predicate, shapes alternating", alternating, 2),
                                ("op (launch stubbed)", op, 1),
                                ("predicate + op (launch stubbed)", served, 1)):
@@ -165,7 +165,7 @@ def host_cost(repeats: int = 5, calls: int = 50000) -> None:
         else:
             torch.Tensor.get_device = saved[3]
         eager._plans.clear()
-        eager._recent = eager._pending = None
+        eager._recent = None
 
 
 def main(argv=None) -> None:
