@@ -19,12 +19,10 @@ Eligibility (``topk_reason``; None = served), each rejection a one-line reason:
 |   the output shape, or empty (resized here);|                                            |
 |   not sharing the input's memory            |                                            |
 
-Kernels (configs.served_plan): until the new plans pass on the H200
-(configs.NEW_PLANS_VERIFIED), the legacy plans serve: a register filter for k <= 16
-(kernels_small.py), a whole-row bitonic sort for short rows (kernels_small.py), and
-sample / atomic filter / bitonic select up to k = 1024 (kernels_radix.py). The new plans
-(configs.plan) replace the first and last with the sieve (kernels_sieve.py) and the bitmask
-filter with a counting select (kernels_bitmask.py).
+Kernels (configs.served_plan -> configs.plan): the sieve for k <= 16 (kernels_sieve.py),
+a whole-row bitonic sort for short rows (kernels_small.py), and sample threshold / bitmask
+filter / counting select up to k = 1024 (kernels_bitmask.py). The legacy plans they replaced
+(register filter, atomic radix filter; configs.legacy_plan) stay for the sweep's comparison.
 
 Host path (``torch.topk``): ``topk_plan`` keeps a ``Served`` per (device, dtype, shape,
 strides, k, dim, largest), holding the verdict, the performance band and, after the first
