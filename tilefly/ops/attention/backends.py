@@ -17,7 +17,8 @@ decides the two directions separately).
   re-enter tilefly's override of that op).
 - ``TileflyFA``: tilefly's own flash-attention kernels. The module
   ``tilefly.ops.attention.kernels`` provides them (CONFIGS, unsupported, forward,
-  backward with the signatures above); until it exists every call gets the reason
+  backward with the signatures above; forward only so far, backward is refused in
+  ``unsupported``); without that module every call gets the reason
   "tilefly attention kernels not built yet".
 """
 from __future__ import annotations

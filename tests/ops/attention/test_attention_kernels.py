@@ -1,0 +1,354 @@
+"""tilefly's flash-attention forward kernel (tilefly.ops.attention.kernels): on CPU, what it
+refuses and why, its configs and a compile of a few of them for sm_90a (the full set runs in
+tests/test_compile_check.py); on the H200, forward against a float64 math reference (output and
+log-sum-exp) and through the router with a database that picks it."""
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefly import _device, _dispatch, config
+from tilefly.ops.attention import backends, configs, database, kernels
+from attention_standins import all_thread_decisions, db_entry, write_db
+
+BF16 = torch.bfloat16
+
+
+def _cpu(b=2, hq=4, hk=4, sq=64, sk=64, d=64, dtype=BF16):
+    return (torch.randn(b, hq, sq, d, dtype=dtype), torch.randn(b, hk, sk, d, dtype=dtype),
+            torch.randn(b, hk, sk, d, dtype=dtype))
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    monkeypatch.setattr(_device, "hopper_reason", lambda t: None)
+
+
+# ---- CPU: eligibility ------------------------------------------------------------------------
+
+def _narrow_last(t, width):
+    """t's values in a tensor whose rows are ``width`` elements apart (a view, last dim contiguous)."""
+    wide = torch.zeros(*t.shape[:-1], width, dtype=t.dtype)
+    wide[..., :t.shape[-1]] = t
+    return wide[..., :t.shape[-1]]
+
+
+REFUSALS = [
+    ("bwd", lambda q, k, v: (q, k, v), "forward only"),
+    ("backward", lambda q, k, v: (q, k, v), "forward only"),
+    ("fwd", lambda q, k, v: (q.float(), k.float(), v.float()), "FP16 or BF16"),
+    ("fwd", lambda q, k, v: (q, k.half(), v), "FP16 or BF16"),
+    ("fwd", lambda q, k, v: (q[0], k[0], v[0]), "must be 4-D"),
+    ("fwd", lambda q, k, v: (q, k, v[:, :, :10]), "disagree"),
+    ("fwd", lambda q, k, v: (q, k[:1], v[:1]), "disagree"),
+    ("fwd", lambda q, k, v: (q, k[:, :3], v[:, :3]), "not a multiple of k/v heads"),
+    ("fwd", lambda q, k, v: (q[:, :, :0], k, v), "empty"),
+    ("fwd", lambda q, k, v: tuple(torch.randn(1, 2, 8, 512, dtype=BF16) for _ in range(3)), "head dim 512"),
+    ("fwd", lambda q, k, v: tuple(torch.randn(1, 2, 8, 80, dtype=BF16) for _ in range(3)), "head dim 80"),
+    ("fwd", lambda q, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v), "contiguous last"),
+    ("fwd", lambda q, k, v: (q, _narrow_last(k, 68), v), "multiples of 16 bytes"),
+    ("fwd", lambda q, k, v: (q, k, torch.randn(v.numel() + 1, dtype=BF16)[1:].view(v.shape)), "16-byte aligned"),
+    ("fwd", lambda q, k, v: tuple(torch.randn(1, 65536, 1, 32, dtype=BF16) for _ in range(3)), "grid"),
+]
+
+
+@pytest.mark.parametrize("direction,make,reason", REFUSALS, ids=[r[2] + f"-{i}" for i, r in enumerate(REFUSALS)])
+def test_refusals_say_why(hopper, direction, make, reason):
+    q, k, v = make(*_cpu())
+    why = kernels.unsupported(q, k, v, False, direction)
+    assert why is not None and reason in why, why
+
+
+def test_cpu_tensors_get_the_device_reason():
+    assert "tensor is on cpu" in kernels.unsupported(*_cpu(), False, "fwd")
+
+
+@pytest.mark.parametrize("case", ["plain", "gqa", "causal_sq_ne_sk", "bshd", "unit_dims_odd_strides", "padded_rows"])
+@pytest.mark.parametrize("d", configs.HEAD_DIMS)
+def test_served_layouts(hopper, case, d):
+    q, k, v = _cpu(d=d)
+    causal = case == "causal_sq_ne_sk"
+    if case == "gqa":
+        q = torch.randn(2, 8, 64, d, dtype=BF16)
+    elif causal:
+        q = torch.randn(2, 4, 17, d, dtype=BF16)
+    elif case == "bshd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    elif case == "unit_dims_odd_strides":
+        q, k, v = (torch.empty_strided((1, 1, 1, d), (3, 5, 7, 1), dtype=BF16).normal_() for _ in range(3))
+    elif case == "padded_rows":  # rows 16-byte aligned but not dense
+        q, k, v = (_narrow_last(t, d + 8) for t in (q, k, v))
+    assert kernels.unsupported(q, k, v, causal, "fwd") is None
+    # The descriptors the launcher would build are legal (TMA rules checked by the descriptor itself).
+    kd = configs.kernel_head_dim(d)
+    for t in (q, k, v):
+        desc = kernels._descriptor(t, 64, kd)
+        assert desc.block_shape == [1, 1, 64, kd] and all(s * 2 % 16 == 0 for s in desc.strides[:-1])
+
+
+def test_backward_is_not_built():
+    with pytest.raises(NotImplementedError):
+        kernels.backward(*([None] * 9))
+
+
+# ---- CPU: configs ----------------------------------------------------------------------------
+
+def test_config_names_and_what_they_serve():
+    assert kernels.CONFIGS == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p")
+    for name in kernels.CONFIGS:
+        cfg = configs.FWD_CONFIGS[name]
+        assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}"
+        assert cfg.num_warps == cfg.block_m // 16
+    # Every served head dim has a config, and the defaults serve what they are picked for.
+    for d in configs.HEAD_DIMS:
+        assert any(configs.FWD_CONFIGS[n].serves(d) for n in kernels.CONFIGS)
+        for sq in (1, 64, 65, 4096):
+            assert kernels.config_for(None, d, sq).serves(d)
+    assert not configs.FWD_CONFIGS["m128n128"].serves(192) and not configs.FWD_CONFIGS["m128n128p"].serves(192)
+    with pytest.raises(ValueError, match="does not serve head dim 256"):
+        kernels.config_for("m128n128", 256, 1024)
+
+
+def test_padded_head_dims_and_ring_depths():
+    assert [configs.kernel_head_dim(d) for d in configs.HEAD_DIMS] == [32, 64, 128, 128, 256, 256]
+    for cfg in configs.FWD_CONFIGS.values():
+        for d in (32, 64, 128, 256):
+            stages = cfg.stages(d)
+            if cfg.serves(d):
+                assert 2 <= stages <= configs.MAX_STAGES
+                assert cfg.smem_bytes(d, stages) <= configs.SMEM_LIMIT
+                assert stages == configs.MAX_STAGES or cfg.smem_bytes(d, stages + 1) > configs.SMEM_LIMIT
+
+
+def test_slot_loads_the_kernel_module():
+    backends.TileflyFA._load.cache_clear()
+    try:
+        assert backends.TILEFLY_FA.unavailable() is None
+        assert backends.TILEFLY_FA.configs() == kernels.CONFIGS
+    finally:
+        backends.TileflyFA._load.cache_clear()
+
+
+def test_compile_specs_cover_every_config_dtype_head_dim_and_mask():
+    specs = configs.compile_specs()
+    names = [s.name for s in specs]
+    assert len(set(names)) == len(names)
+    expected = {(cfg.name, dtype, d, causal) for cfg in configs.FWD_CONFIGS.values() for dtype in ("bf16", "fp16")
+                for d in (32, 64, 128, 256) if cfg.serves(d) for causal in (False, True)}
+    got = {(n.split(".")[2].split("[")[0], n.split("[")[1].split(",")[0], s.constexprs["HEAD_DIM"],
+            s.constexprs["CAUSAL"]) for n, s in zip(names, specs)}
+    assert got == expected
+
+
+@pytest.mark.parametrize("cfg,dtype,d,causal", [("m128n64", "bf16", 96, True), ("m64n64", "fp16", 256, False),
+                                                 ("m128n64p", "bf16", 64, True)])
+def test_a_few_configs_compile_for_sm90a(cfg, dtype, d, causal):
+    pytest.importorskip("triton")
+    from tilefly.compile_check import compile_one
+
+    result = compile_one(configs.spec(configs.FWD_CONFIGS[cfg], dtype, configs.kernel_head_dim(d), causal))
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0
+
+
+@pytest.mark.parametrize("cfg,d", [("m128n64", 128), ("m128n64p", 128), ("m128n128p", 64)])
+def test_wgmmas_are_not_serialized(cfg, d):
+    """ptxas serializes every wgmma of a kernel (warning C7514) when other instructions touch an
+    accumulator while its wgmma is in flight: the schedule would silently lose its overlap."""
+    pytest.importorskip("triton")
+    import subprocess
+
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    spec = configs.spec(configs.FWD_CONFIGS[cfg], "bf16", d, True)
+    src = GluonASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"],
+                                capture_output=True, text=True, check=True).stderr
+    assert "Used" in report and "C7514" not in report, report
+
+
+# ---- GPU: forward against float64 ------------------------------------------------------------
+
+def _reference(q, k, v, causal, scale=None):
+    """float64 math attention: output and log-sum-exp (B x Hq x Sq), top-left causal mask."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    s = (qd @ kd.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[..., None]) @ vd, lse
+
+
+def _inputs(b, hq, hk, sq, sk, d, dtype=BF16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
+
+
+def _poisoned(q):
+    b, h, s, _ = q.shape
+    return torch.full_like(q, float("nan")), torch.full((b, h, s), float("nan"), device=q.device)
+
+
+def _check(q, k, v, causal, scale=None, config=None):
+    assert kernels.unsupported(q, k, v, causal, "fwd") is None
+    out, lse = _poisoned(q)
+    got, got_lse = kernels.forward(q, k, v, causal, scale, True, config, out=out, lse=lse)
+    assert got is out and got_lse is lse
+    ref, ref_lse = _reference(q, k, v, causal, scale)
+    tol = 2e-2 if q.dtype == BF16 else 4e-3
+    torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+LENGTHS = [(s, s) for s in (1, 17, 77, 128, 1000)] + [(17, 1000), (1000, 77), (1, 128), (128, 17)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sq,sk", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", configs.HEAD_DIMS)
+@pytest.mark.parametrize("b,h", [(1, 1), (3, 5)])
+def test_forward_matches_float64(b, h, d, causal, sq, sk):
+    _check(*_inputs(b, h, h, sq, sk, d), causal)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", configs.HEAD_DIMS)
+def test_forward_fp16(d, causal):
+    _check(*_inputs(2, 3, 3, 300, 500, d, torch.float16), causal)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sq,sk", [(77, 1000), (1000, 1000), (200, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [32, 96, 256])
+@pytest.mark.parametrize("cfg", kernels.CONFIGS)
+def test_every_config(cfg, d, causal, sq, sk):
+    if not configs.FWD_CONFIGS[cfg].serves(d):
+        pytest.skip(f"{cfg} does not serve head dim {d}")
+    _check(*_inputs(2, 2, 2, sq, sk, d), causal, config=cfg)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hq,hk", [(6, 2), (8, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_grouped_query_attention(hq, hk, causal, d):
+    _check(*_inputs(2, hq, hk, 333, 333, d), causal)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("scale", [0.05, 0.3, 2.0])
+def test_scale(scale):
+    _check(*_inputs(2, 3, 3, 150, 260, 64), True, scale=scale)
+
+
+@pytest.mark.cuda
+def test_bshd_inputs_and_output_layout():
+    """Projection outputs (B x S x H x D in memory) are read in place; out is laid out like q."""
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in _inputs(2, 4, 4, 129, 257, 128))
+    out, lse = kernels.forward(q, k, v, False, None, True)
+    assert out.stride() == q.stride() and lse.is_contiguous() and lse.shape == q.shape[:3]
+    _check(q, k, v, False)
+
+
+@pytest.mark.cuda
+def test_without_lse():
+    q, k, v = _inputs(1, 2, 2, 100, 100, 64)
+    out, lse = kernels.forward(q, k, v, True, None, False)
+    assert lse is None
+    torch.testing.assert_close(out.double(), _reference(q, k, v, True)[0], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_in_q_propagates_like_pytorch(causal):
+    """A NaN in a query row makes that row (output and lse) NaN, as PyTorch's math attention does;
+    every other row stays exact."""
+    q, k, v = _inputs(2, 2, 2, 150, 150, 64)
+    q[1, 0, 70, 5] = float("nan")
+    out, lse = kernels.forward(q, k, v, causal, None, True)
+    ref, ref_lse = _reference(q, k, v, causal)
+    math_out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    assert torch.equal(torch.isnan(out), torch.isnan(math_out)) and torch.isnan(out).any()
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
+    ok = ~torch.isnan(ref)
+    torch.testing.assert_close(out.double()[ok], ref[ok], atol=2e-2, rtol=2e-2)
+
+
+# ---- GPU: through the router -----------------------------------------------------------------
+
+SDP = ("cudnn", "flash", "efficient")
+
+
+@pytest.fixture
+def tilefly_forward_db(tmp_path):
+    """Routes installed, with a database where tilefly_fa serves the forward whichever fused op
+    PyTorch reaches; the backward keeps each op's own kernel (fed tilefly's out and lse)."""
+    database.reload()
+    # SDPA fixes its default priority order on its first call in the process: make that call
+    # before any test sets its own order.
+    x = torch.randn(1, 1, 8, 64, device="cuda", dtype=BF16)
+    F.scaled_dot_product_attention(x, x, x)
+
+    def use(d, causal, gqa, cfg="m128n64"):
+        serve = {b: [f"tilefly_fa/{cfg}"] for b in SDP}
+        config.attention_db = write_db(tmp_path / f"db_{d}_{causal}_{gqa}.json", [
+            db_entry("fwd", head_dim=d, causal=causal, gqa=gqa, sq_bin=1, sk_bin=1, serve=serve),
+            db_entry("bwd", head_dim=d, causal=causal, gqa=gqa, sq_bin=1, sk_bin=1)])
+        database.reload()
+
+    _dispatch.install(["attention"])
+    yield use
+    _dispatch.uninstall(["attention"])
+    database.reload()
+
+
+def _grad_reference(q, k, v, causal, w):
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = _reference(qd, kd, vd, causal)[0]
+    (ref * w).sum().backward()
+    return ref.detach(), (qd.grad, kd.grad, vd.grad)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("first,d,causal,hq,hk", [
+    ("cudnn", 64, True, 4, 4), ("efficient", 128, False, 4, 4), ("flash", 256, True, 4, 4),
+    ("flash", 96, False, 8, 2), ("flash", 64, True, 8, 2), ("cudnn", 32, False, 4, 4)])
+def test_router_serves_the_forward_and_stock_backward_takes_its_lse(tilefly_forward_db, first, d, causal, hq, hk):
+    """``first`` leads SDPA's priority order (all fused backends stay enabled), so PyTorch reaches
+    its op or the next that takes the call; tilefly_fa serves that op's forward, laid out as the
+    op promises, and the op's own backward runs on tilefly's out and lse."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+               "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    tilefly_forward_db(d, causal, hq != hk)
+    q, k, v = (t.requires_grad_() for t in _inputs(2, hq, hk, 200, 200, d))
+    w = torch.randn(2, hq, 200, d, device="cuda", dtype=torch.float64)
+    ref, ref_grads = _grad_reference(q, k, v, causal, w)
+    order = [backend[first]] + [backend[b] for b in SDP if b != first]
+    with all_thread_decisions() as decisions:
+        with sdpa_kernel(order, set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hk)
+        (out.double() * w).sum().backward()
+    served = [(dec.op.split("::")[1], dec.impl) for dec in decisions]
+    assert len(served) == 2 and served[0][1] == "tilefly_fa" and served[1][1] is None, decisions
+    assert served[1][0] == served[0][0] + "_backward"
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), ref_grads):
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 2e-2, f"d{name}: {err}"
