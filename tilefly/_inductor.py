@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from tilefly import config
 
@@ -101,6 +101,33 @@ def _extra_choices(kernel_inputs: Any, op_name: str) -> list[Any]:
             _log.warning("tilefly: %s candidates for %s skipped (%s: %s)", provider.name, op_name,
                          type(exc).__name__, exc)
     return extra
+
+
+_declined_logged: set[str] = set()
+
+
+def serve_or_fallback(what: str, run: Callable[[], None], unsupported: type[Exception],
+                      fallback: Callable[[], None]) -> None:
+    """What the generated call of a TILEFLY choice does at run time: ``run()`` the kernel. When it
+    declines the real tensors (raises ``unsupported``) the reason is logged once at DEBUG; when it
+    fails, ``config.on_error`` decides (raise, or warn). Either way ``fallback()`` then computes
+    the result with ATen, so a result is never wrong. ``what`` names the kernel in messages."""
+    from tilefly._dispatch import TileflyKernelError
+
+    try:
+        run()
+        return
+    except unsupported as exc:
+        reason = str(exc)
+        if reason not in _declined_logged:
+            _declined_logged.add(reason)
+            _log.debug("%s: %s; computing with ATen", what, reason)
+    except Exception as exc:  # noqa: BLE001 - policy decides; ATen recomputes everything
+        if config.on_error == "raise":
+            raise TileflyKernelError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+        _log.warning("%s failed (%s: %s); computing with ATen. Set TILEFLY_ON_ERROR=raise to see it.",
+                     what, type(exc).__name__, exc)
+    fallback()
 
 
 def _build_choices_class():

@@ -76,6 +76,25 @@ def detached(value):
     return value
 
 
+class CachedLaunch:
+    """A compiled kernel with every parameter in signature order (what the JIT passes after
+    binding; tensors as addresses, so the cache keeps no tensor alive), launched on the current
+    stream of its device through ``run_compiled``. ``args=`` replaces the kept arguments for
+    one call (per-call buffers); ``stream=`` passes the current stream when the caller has it."""
+
+    __slots__ = ("compiled", "grid", "args", "index")
+
+    def __init__(self, compiled, arg_names, args, constexprs: dict, grid, index: int):
+        values = dict(zip(arg_names, args))
+        values.update(constexprs)
+        self.args = [detached(values[name]) for name in arg_names]
+        self.compiled, self.grid, self.index = compiled, grid, index
+
+    def __call__(self, args=None, stream=None) -> None:
+        run_compiled(self.compiled, self.grid, current_stream(self.index) if stream is None else stream,
+                     self.args if args is None else args)
+
+
 class Direct:
     """One compiled kernel, launched through Triton 3.6's C launch function."""
 

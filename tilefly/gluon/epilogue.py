@@ -19,6 +19,9 @@
   in split order (bit-for-bit deterministic whatever the arrival order), resets
   the counter to zero for the next launch and runs the epilogue. Partials are
   read with ``.cg`` so they come from L2, never from a stale L1 line.
+- ``finish_splitk``: the whole epilogue of a split-K program (the dense and MX
+  GEMMs): into ``store_layout``, reduce when split, then bias and masked store by
+  the program that finishes the tile.
 """
 from __future__ import annotations
 
@@ -119,3 +122,19 @@ def splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits,
             total += gl.load(tile_base + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
         gl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")
     return total, is_last
+
+
+@gluon.jit
+def finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias,
+                  c_ptr, stride_cm, stride_cn, off_m, off_n, M, N,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BIAS: gl.constexpr,
+                  C_ROWS_CONTIGUOUS: gl.constexpr, num_warps: gl.constexpr):
+    """One move into the store layout serves the partials, the bias and the final store."""
+    acc = gl.convert_layout(acc, store_layout(BLOCK_M, BLOCK_N, num_warps, C_ROWS_CONTIGUOUS))
+    is_last = num_splits == 1
+    if num_splits > 1:
+        acc, is_last = splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits, BLOCK_M, BLOCK_N,
+                                     C_ROWS_CONTIGUOUS)
+    if is_last:
+        acc = add_bias(acc, bias_ptr, stride_bias, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, num_warps)
+        store_masked(acc, c_ptr, stride_cm, stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N)

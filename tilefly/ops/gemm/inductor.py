@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tilefly import config
+from tilefly import _inductor, config
 from tilefly.ops.gemm import configs
 from tilefly.ops.gemm.configs import VERSION, GemmConfig
 
@@ -40,30 +40,17 @@ def choice_name(op: str, cfg: GemmConfig) -> str:
 
 # ---- what Inductor's generated code calls ------------------------------------------------------
 
-_fallback_logged: set[str] = set()
-
-
 def _serve(cfg: GemmConfig, a, b, out, bias) -> None:
-    from tilefly._dispatch import TileflyKernelError
     from tilefly.ops.gemm import launch
 
-    try:
-        launch.run(cfg, a, b, out, bias)
-        return
-    except launch.Unsupported as exc:
-        reason = str(exc)
-        if reason not in _fallback_logged:
-            _fallback_logged.add(reason)
-            _log.debug("tilefly %s: %s; computing with ATen", cfg.name, reason)
-    except Exception as exc:  # noqa: BLE001 - policy decides; ATen recomputes everything
-        if config.on_error == "raise":
-            raise TileflyKernelError(f"tilefly GEMM {cfg.name} failed: {type(exc).__name__}: {exc}") from exc
-        _log.warning("tilefly GEMM %s failed (%s: %s); computing with ATen. Set TILEFLY_ON_ERROR=raise to see it.",
-                     cfg.name, type(exc).__name__, exc)
-    if bias is None:
-        torch.mm(a, b, out=out)
-    else:
-        torch.addmm(bias, a, b, out=out)
+    def aten() -> None:
+        if bias is None:
+            torch.mm(a, b, out=out)
+        else:
+            torch.addmm(bias, a, b, out=out)
+
+    _inductor.serve_or_fallback(f"tilefly GEMM {cfg.name}", lambda: launch.run(cfg, a, b, out, bias),
+                                launch.Unsupported, aten)
 
 
 def _mm_kernel(cfg: GemmConfig):

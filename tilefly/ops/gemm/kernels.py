@@ -43,7 +43,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-from tilefly.gluon.epilogue import add_bias, splitk_reduce, store_layout, store_masked, store_tma
+from tilefly.gluon.epilogue import add_bias, finish_splitk, store_tma
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import grouped_tile, persistent_tile_count, persistent_tile_id
 from tilefly.gluon.tma_ring import alloc_barriers, alloc_ring, issue_load, wait_empty
@@ -172,12 +172,5 @@ def gemm_splitk_kernel(a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
     acc = mainloop(a_desc, b_desc, a_bufs, b_bufs, bars, 0, off_m, off_n, k_first, k_iters, acc,
                    A_KMAJOR, B_KMAJOR, STAGES, BLOCK_K)
 
-    # One move into the store layout serves the partials, the bias and the final store.
-    acc = gl.convert_layout(acc, store_layout(BLOCK_M, BLOCK_N, num_warps, C_ROWS_CONTIGUOUS))
-    is_last = num_splits == 1
-    if num_splits > 1:
-        acc, is_last = splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits, BLOCK_M, BLOCK_N,
-                                     C_ROWS_CONTIGUOUS)
-    if is_last:
-        acc = add_bias(acc, bias_ptr, stride_bias, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, num_warps)
-        store_masked(acc, c_ptr, stride_cm, stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N)
+    finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
+                  stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)

@@ -29,10 +29,9 @@ import functools
 
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.runtime.driver import driver
 
-from tilefly import _device
-from tilefly._triton_launch import detached, run_compiled
+from tilefly import _device, _triton_launch
+from tilefly._triton_launch import CachedLaunch
 from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of
 from tilefly.ops.gemm.eligibility import TMA_ALIGN, MatrixFacts, bias_mode, facts_from_tensor, row_major_ok
 
@@ -216,30 +215,26 @@ class Launch:
         return kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
 
 
-class _Plan:
-    """A cached launch: the compiled kernel called directly with every parameter in
-    signature order (what the JIT would pass after binding), tensors as addresses."""
+class _Plan(CachedLaunch):
+    """A cached launch (tilefly._triton_launch.CachedLaunch) whose split-K workspace and
+    tickets are looked up per call (per stream: tilefly keeps one pair per stream)."""
 
-    __slots__ = ("compiled", "grid", "args", "device", "workspace", "workspace_at")
+    __slots__ = ("device", "workspace", "workspace_at")
 
     def __init__(self, compiled, launch: Launch):
-        names = kernel_of(launch.cfg).arg_names
-        values = dict(zip(names, launch.args))
-        values.update(launch.constexprs)
-        self.args = [detached(values[name]) for name in names]
-        self.compiled, self.grid = compiled, launch.grid
+        super().__init__(compiled, kernel_of(launch.cfg).arg_names, launch.args, launch.constexprs, launch.grid,
+                         launch.device.index)
         self.device = launch.device
         self.workspace, self.workspace_at = launch.workspace, launch.workspace_at
 
     def __call__(self) -> None:
-        stream = _stream(self.device)
-        args = self.args
-        if self.workspace is not None:
-            args = list(args)
-            args[self.workspace_at:self.workspace_at + 2] = [
-                t.data_ptr() for t in _splitk_buffers(self.device, *self.workspace, False, stream)]
-        ck = self.compiled
-        run_compiled(ck, self.grid, stream, args)
+        if self.workspace is None:
+            return super().__call__()
+        args = list(self.args)
+        stream = _triton_launch.current_stream(self.index)
+        args[self.workspace_at:self.workspace_at + 2] = [
+            t.data_ptr() for t in _splitk_buffers(self.device, *self.workspace, False, stream)]
+        return super().__call__(args, stream)
 
 
 _MAX_PLANS = 1024
@@ -248,10 +243,6 @@ _plans: dict[tuple, _Plan] = {}
 
 def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
-
-
-def _stream(device: torch.device) -> int:
-    return driver.active.get_current_stream(device.index)
 
 
 # ---- split-K buffers --------------------------------------------------------------------------
@@ -269,7 +260,7 @@ def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: 
     if capturing:
         return (torch.empty(partials, dtype=torch.float32, device=device),
                 torch.zeros(tiles, dtype=torch.int32, device=device))
-    key = (device.index, _stream(device) if stream is None else stream)
+    key = (device.index, _triton_launch.current_stream(device.index) if stream is None else stream)
     pair = _buffers.get(key)
     if pair is None or pair[0].numel() < partials or pair[1].numel() < tiles:
         old = (0, 0) if pair is None else (pair[0].numel(), pair[1].numel())

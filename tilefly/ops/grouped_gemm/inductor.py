@@ -42,28 +42,15 @@ def choice_name(cfg: GroupedConfig) -> str:
 
 # ---- what Inductor's generated code calls ------------------------------------------------------
 
-_fallback_logged: set[str] = set()
-
-
 def _serve(cfg: GroupedConfig, a, b, offs, out) -> None:
-    from tilefly._dispatch import TileflyKernelError
     from tilefly.ops.grouped_gemm import launch
 
-    try:
-        launch.run(cfg, a, b, offs, out)
-        return
-    except launch.Unsupported as exc:
-        reason = str(exc)
-        if reason not in _fallback_logged:
-            _fallback_logged.add(reason)
-            _log.debug("tilefly %s: %s; computing with ATen", cfg.name, reason)
-    except Exception as exc:  # noqa: BLE001 - policy decides; ATen recomputes everything
-        if config.on_error == "raise":
-            raise TileflyKernelError(f"tilefly grouped GEMM {cfg.name} failed: {type(exc).__name__}: {exc}") from exc
-        _log.warning("tilefly grouped GEMM %s failed (%s: %s); computing with ATen. "
-                     "Set TILEFLY_ON_ERROR=raise to see it.", cfg.name, type(exc).__name__, exc)
-    out_dtype = None if out.dtype == a.dtype else out.dtype
-    out.copy_(torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype))
+    def aten() -> None:
+        out_dtype = None if out.dtype == a.dtype else out.dtype
+        out.copy_(torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype))
+
+    _inductor.serve_or_fallback(f"tilefly grouped GEMM {cfg.name}", lambda: launch.run(cfg, a, b, offs, out),
+                                launch.Unsupported, aten)
 
 
 def _kernel(cfg: GroupedConfig):

@@ -22,10 +22,9 @@ import functools
 
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.runtime.driver import driver
 
 from tilefly import _device
-from tilefly._triton_launch import detached, run_compiled
+from tilefly._triton_launch import CachedLaunch
 from tilefly.ops.grouped_gemm.configs import GroupedConfig, groups_pad, kernel_of, problem_reason
 from tilefly.ops.grouped_gemm.eligibility import TMA_ALIGN, a_row_stride, b_view
 
@@ -117,39 +116,17 @@ def run(cfg: GroupedConfig, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor
     if not capturing:
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
-        _plans[key] = _Plan(compiled, launch, out.device)
+        _plans[key] = CachedLaunch(compiled, kernel_of(launch.cfg).arg_names, launch.args, launch.constexprs,
+                                   launch.grid, out.device.index)
     return out
 
 
-class _Plan:
-    """A cached launch: the compiled kernel called with every parameter in signature
-    order, tensors as bare addresses (a plan keeps no tensor alive)."""
-
-    __slots__ = ("compiled", "grid", "args", "device")
-
-    def __init__(self, compiled, launch: Launch, device: torch.device):
-        names = kernel_of(launch.cfg).arg_names
-        values = dict(zip(names, launch.args))
-        values.update(launch.constexprs)
-        self.args = [detached(values[name]) for name in names]
-        self.compiled, self.grid, self.device = compiled, launch.grid, device
-
-    def __call__(self) -> None:
-        stream = _stream(self.device)
-        ck, args = self.compiled, self.args
-        run_compiled(ck, self.grid, stream, args)
-
-
 _MAX_PLANS = 1024
-_plans: dict[tuple, _Plan] = {}
+_plans: dict[tuple, CachedLaunch] = {}
 
 
 def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
-
-
-def _stream(device: torch.device) -> int:
-    return driver.active.get_current_stream(device.index)
 
 
 def warm(cfg: GroupedConfig, dtype: torch.dtype, out_dtype: torch.dtype, b_kmajor: bool, groups: int, n: int,

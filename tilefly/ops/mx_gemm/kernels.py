@@ -44,7 +44,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from tilefly.gluon.epilogue import add_bias, splitk_reduce, store_layout, store_masked
+from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.gluon.wgmma import prefetch
@@ -241,11 +241,5 @@ def mx_gemm_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, tick
         else:
             acc = add_scaled(acc, partial, ex, ey)
 
-    acc = gl.convert_layout(acc, store_layout(BLOCK_M, BLOCK_N, num_warps, C_ROWS_CONTIGUOUS))
-    is_last = num_splits == 1
-    if num_splits > 1:
-        acc, is_last = splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits, BLOCK_M, BLOCK_N,
-                                     C_ROWS_CONTIGUOUS)
-    if is_last:
-        acc = add_bias(acc, bias_ptr, stride_bias, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, num_warps)
-        store_masked(acc, c_ptr, stride_cm, stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N)
+    finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
+                  stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)

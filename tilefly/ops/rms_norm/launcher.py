@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from tilefly import _device
+from tilefly import _device, _triton_launch
 from tilefly.ops.rms_norm import configs
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps
@@ -47,10 +47,9 @@ class Entry:
 # stride's divisibility by 16 and equality to 1) plus layout and config. M is never specialized.
 _entries: dict = {}
 _hooks = None           # triton.knobs.runtime.launch_enter_hook once Triton is imported
-_direct_ok = None       # Triton's C launcher takes the argument list written below (triton 3.6)
 # Calling Triton's C launch function directly (skipping CompiledKernel.run's scratch handling)
-# saves host time but has not run on the H200 yet; CompiledKernel.run, which the GPU tests
-# passed with, serves until then. Flip after tests/ops/rms_norm passes on the GPU with it on.
+# saves host time; tests/ops/rms_norm passed on the H200 with it on (5cf9730). False keeps
+# CompiledKernel.run.
 DIRECT_C_LAUNCH = True
 
 
@@ -145,14 +144,12 @@ def _shifted_weight(w: torch.Tensor, N: int, v: int) -> torch.Tensor:
 def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     """First launch of a key (or a launch with Triton hooks set): Triton's JIT binds, compiles and
     launches; the compiled kernel is kept for later launches."""
-    global _hooks, _direct_ok
+    global _hooks
     import triton
 
     from tilefly.ops.rms_norm import kernels
 
     _hooks = triton.knobs.runtime.launch_enter_hook
-    if _direct_ok is None:
-        _direct_ok = DIRECT_C_LAUNCH and triton.__version__.startswith("3.6.")
     size = x.element_size()
     cfg_ = cfg or configs.heuristic(N, size, layout)
     configs.validate(cfg_, N, size, layout)
@@ -200,12 +197,10 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
 
 def _fill(entry: Entry, compiled, consts: tuple) -> None:
     """What ``_call`` needs of a compiled kernel."""
-    run = compiled.run
     entry.compiled, entry.function, entry.meta = compiled, compiled.function, compiled.packed_metadata
     entry.consts = consts
-    entry.coop, entry.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
-    # Triton 3.6's CudaLauncher.__call__ only adds scratch buffers (none here) before calling its
-    # C launch function: call that directly. Other versions keep the documented-by-use path.
-    direct = getattr(run, "launch", None)
-    scratch = getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
-    entry.direct = direct if _direct_ok and direct is not None and not scratch else None
+    # Triton 3.6's C launch function, called directly (tilefly._triton_launch); None elsewhere,
+    # and then _call keeps CompiledKernel.run.
+    direct = _triton_launch.direct(compiled) if DIRECT_C_LAUNCH else None
+    entry.direct = None if direct is None else direct.launch
+    entry.coop, entry.pdl = (False, False) if direct is None else (direct.coop, direct.pdl)
