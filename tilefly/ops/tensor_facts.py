@@ -54,3 +54,13 @@ def facts_from_node(node: Any) -> TensorFacts:
         pass
     misalign = None if offset is None else (offset[0] * node.get_dtype().itemsize) % TMA_ALIGN
     return TensorFacts(static_ints(node.get_size()), static_ints(node.get_stride()), node.get_dtype(), misalign)
+
+
+def device_of_node(node: Any) -> tuple[str, tuple[int, int] | None]:
+    """(device type, compute capability or None) of an Inductor IR node's device."""
+    device = node.get_device()
+    if device is None:
+        return "unknown", None
+    if device.type == "cuda" and torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_capability(device)
+    return device.type, None

@@ -29,6 +29,7 @@ import torch
 from tilefly import _inductor, config
 from tilefly.ops.gemm import configs
 from tilefly.ops.gemm.configs import VERSION, GemmConfig
+from tilefly.ops.tensor_facts import device_of_node as _device_of  # patched in CPU tests
 
 _log = logging.getLogger("tilefly.gemm")
 OPS = ("mm", "addmm")
@@ -79,16 +80,6 @@ def _facts(node):
     from tilefly.ops.gemm.eligibility import facts_from_node
 
     return facts_from_node(node)
-
-
-def _device_of(node) -> tuple[str, tuple[int, int] | None]:
-    """(device type, compute capability or None) of an IR node's device."""
-    device = node.get_device()
-    if device is None:
-        return "unknown", None
-    if device.type == "cuda" and torch.cuda.is_available():
-        return "cuda", torch.cuda.get_device_capability(device)
-    return device.type, None
 
 
 def _name(node) -> Any:

@@ -30,6 +30,7 @@ import torch
 from tilefly import _inductor, config
 from tilefly.ops.grouped_gemm import configs
 from tilefly.ops.grouped_gemm.configs import VERSION, GroupedConfig
+from tilefly.ops.tensor_facts import device_of_node as _device_of  # patched in CPU tests
 
 _log = logging.getLogger("tilefly.grouped_gemm")
 OP = "grouped_mm"
@@ -63,15 +64,6 @@ def _kernel(cfg: GroupedConfig):
 
 
 # ---- the preprocessing function and the provider -------------------------------------------------
-
-def _device_of(node) -> tuple[str, tuple[int, int] | None]:
-    device = node.get_device()
-    if device is None:
-        return "unknown", None
-    if device.type == "cuda" and torch.cuda.is_available():
-        return "cuda", torch.cuda.get_device_capability(device)
-    return device.type, None
-
 
 def _call_site(choices: list[Any]) -> tuple[list[Any], Any] | None:
     """(input nodes, output layout) of a _grouped_mm choice list, else None."""
