@@ -4,6 +4,7 @@
 #
 #   COMMIT=<sha> scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
 #                                     [--run "SHELL COMMAND"] [--no-tests] [--step-limit SECONDS]
+#                                     [--jobs N]
 #
 # The device's copy of the tree has no .git: pass the commit being measured in
 # COMMIT so the benchmark JSON records it. Example (the first call of a session):
@@ -14,6 +15,9 @@
 # The archive is rewritten after every step and each step runs under
 # `timeout --step-limit` (default 300 s), so a call that runs past the device's
 # limit still brings back everything finished before it.
+# --jobs N spreads the GPU tests over N pytest-xdist workers (the device image
+# has pytest-xdist): the GPU tests are bound by Gluon/Triton compiles on the
+# CPU, so eight workers cut the whole suite to a fraction of its serial time.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 WORK=$(mktemp -d)
@@ -21,7 +25,7 @@ mkdir -p "$OUT" "$WORK/bench"
 export WORK  # --run commands write their files under $WORK
 export PYTHONUNBUFFERED=1
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300
+TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS="$2"; shift 2 ;;
@@ -30,6 +34,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK="--quick"; shift ;;
     --run) RUN+=("$2"); shift 2 ;;
     --step-limit) STEP_LIMIT="$2"; shift 2 ;;
+    --jobs) JOBS="$2"; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -46,7 +51,8 @@ pack
 
 if [ -n "$TESTS" ]; then
   say "GPU tests: $TESTS"
-  step python3 -m pytest -q -m cuda -p no:cacheprovider $TESTS >"$WORK/gpu_tests.log" 2>&1
+  XDIST=(); [ "$JOBS" -gt 1 ] && XDIST=(-n "$JOBS")
+  step python3 -m pytest -q -rfE -m cuda -p no:cacheprovider "${XDIST[@]}" $TESTS >"$WORK/gpu_tests.log" 2>&1
   echo "pytest exit $?" >>"$WORK/gpu_tests.log"
   grep -E "passed|failed|error|FAILED|ERROR" "$WORK/gpu_tests.log" | tail -40 | tee -a "$LOG"
   pack
