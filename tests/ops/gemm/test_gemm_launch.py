@@ -285,3 +285,21 @@ def test_compile_ahead_passes_every_kernel_parameter(monkeypatch, cfg):
     if not cfg.persistent:   # specialized like run(): swapped to 4096 x 16, output read column-wise
         assert (named["M"], named["N"], named["stride_cm"], named["stride_cn"]) == (4096, 16, 1, 4096)
         assert kwargs["C_ROWS_CONTIGUOUS"] is True
+
+
+def test_an_eight_wide_tile_never_reads_an_mn_major_operand(stand_in):
+    """The H200 faulted (NN, TN) or miscomputed (TT) with B read MN-major by a block_n = 8 split-K
+    config: such launches are refused, and the 16-wide config serves the same shape."""
+    narrow = configs.GemmConfig("splitk", 128, 8, 128, 6, 4, max_splits=16)
+    for layout, (m, n) in [("NN", (1000, 8)), ("TN", (8, 1000)), ("TT", (8, 1000))]:
+        a, b = operands(m, n, 256, layout)
+        out = torch.full((m, n), float("nan"), dtype=a.dtype)
+        with pytest.raises(launch.Unsupported, match="MN-major B"):
+            launch.run(narrow, a, b, out)
+        assert out.isnan().all()
+        launch.run(SPLITK_SMALL, a, b, out)
+        torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=1e-2, atol=1e-2)
+    a, b = operands(8, 1000, 256, "NT")            # swapped: B' = A^T is K-major, so 8-wide serves
+    out = torch.full((8, 1000), float("nan"), dtype=a.dtype)
+    launch.run(narrow, a, b, out)
+    torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=1e-2, atol=1e-2)

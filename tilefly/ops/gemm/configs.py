@@ -86,6 +86,21 @@ def static_reason(cfg: GemmConfig) -> str | None:
     return None
 
 
+# wgmma reads an MN-major (transposed) operand tile in 8 x 8 core matrices along MN; a tile whose MN
+# extent is only 16 bytes (block_n = 8) gave wrong results and illegal addresses on the H200 (B read
+# MN-major by splitk128x8x128, 2026-11-30), so such tiles are refused: the 16-wide configs serve them.
+MIN_MN_MAJOR_BYTES = 32
+
+
+def layout_reason(cfg: GemmConfig, a_kmajor: bool, b_kmajor: bool) -> str | None:
+    """None when ``cfg`` can read operands in these orientations (after any swap), else why not."""
+    if not a_kmajor and cfg.block_m * ELEMENT_BYTES < MIN_MN_MAJOR_BYTES:
+        return f"an MN-major A tile needs block_m >= {MIN_MN_MAJOR_BYTES // ELEMENT_BYTES}"
+    if not b_kmajor and cfg.block_n * ELEMENT_BYTES < MIN_MN_MAJOR_BYTES:
+        return f"an MN-major B tile needs block_n >= {MIN_MN_MAJOR_BYTES // ELEMENT_BYTES}"
+    return None
+
+
 def _tile(bm, bn, bk, stages, warps, group=8, kind="tile"):
     return GemmConfig(kind, bm, bn, bk, stages, warps, group_m=group)
 

@@ -187,7 +187,10 @@ class GemmProvider:
         for cfg in configs.offered(m, n, k, config.gemm_autotune):
             if cfg.persistent and not out_tma:
                 continue
-            if self._compiles(cfg, a.dtype, launch.variant(cfg, a, b, True, mode), m, n):
+            flags = launch.variant(cfg, a, b, True, mode)
+            if configs.layout_reason(cfg, flags["A_KMAJOR"], flags["B_KMAJOR"]) is not None:
+                continue
+            if self._compiles(cfg, a.dtype, flags, m, n):
                 picked.append(cfg)
         return picked
 

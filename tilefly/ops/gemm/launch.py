@@ -32,7 +32,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilefly import _device, _triton_launch
 from tilefly._triton_launch import CachedLaunch
-from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of
+from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of, layout_reason
 from tilefly.ops.gemm.eligibility import TMA_ALIGN, MatrixFacts, bias_mode, facts_from_tensor, row_major_ok
 
 
@@ -83,6 +83,9 @@ def _descriptor(view: torch.Tensor, block: list[int]):
 def _operand_descriptors(cfg: GemmConfig, lhs: torch.Tensor, rhs: torch.Tensor):
     a_view, a_kmajor = _lhs(lhs)
     b_view, b_kmajor = _rhs(rhs)
+    reason = layout_reason(cfg, a_kmajor, b_kmajor)
+    if reason is not None:
+        raise Unsupported(reason)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     a_desc = _descriptor(a_view, [bm, bk] if a_kmajor else [bk, bm])
     b_desc = _descriptor(b_view, [bn, bk] if b_kmajor else [bk, bn])
