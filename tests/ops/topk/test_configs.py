@@ -19,7 +19,6 @@ def test_every_benchmark_case_has_the_intended_kernel(family, N, k):
     plan = configs.plan(N, k)
     assert plan is not None
     assert plan.kind == ("sieve" if family == "register" else "bitmask")
-    assert configs.legacy_plan(N, k).kind == ("filter" if family == "register" else "radix")
 
 
 SHAPES = [(N, k) for N in (1, 2, 5, 100, 1000, 1024, 2048, 2049, 4097, 8192, 8193, 32768, 100_003, 262144)
@@ -28,29 +27,26 @@ SHAPES = [(N, k) for N in (1, 2, 5, 100, 1000, 1024, 2048, 2049, 4097, 8192, 819
 
 @pytest.mark.parametrize("N,k", SHAPES)
 def test_plan_invariants(N, k):
-    for plan in (configs.plan(N, k), configs.legacy_plan(N, k)):
-        if N <= configs.FULL_MAX_N:
-            assert plan is not None
-        if plan is None:
-            assert k > configs.RADIX_MAX_K
-            continue
-        _check_invariants(plan, N, k)
+    plan = configs.plan(N, k)
+    if N <= configs.FULL_MAX_N:
+        assert plan is not None
+    if plan is None:
+        assert k > configs.RADIX_MAX_K
+        return
+    _check_invariants(plan, N, k)
 
 
 def _check_invariants(plan, N, k):
     assert plan.K2 >= min(k, 2) and plan.K2 & (plan.K2 - 1) == 0
     if plan.kind == "full":
         assert plan.NP >= N and plan.K2 <= plan.NP and plan.ROWS * plan.NP <= max(configs.FULL_TILE, plan.NP)
-    elif plan.kind == "filter":
-        assert k <= configs.FILTER_MAX_K and plan.E * plan.G >= N
-        assert plan.K2 <= plan.G <= N, "every group needs an element; tau needs k group maxima"
-        assert plan.E >= 2
     elif plan.kind == "sieve":
         assert k <= configs.SIEVE_MAX_K and plan.E * plan.G >= N and plan.G == 128 * plan.num_warps
         assert 1 <= plan.E <= 32, "one int32 hit mask per column"
         assert k <= plan.TEAMS <= plan.G and plan.G % plan.TEAMS == 0
         assert plan.K2 <= plan.CAP <= 2 * configs.SIEVE_MAX_CAP and plan.even == (N == plan.E * plan.G)
     else:
+        assert plan.kind == "bitmask"
         assert k <= configs.RADIX_MAX_K and plan.K2 <= plan.C <= configs.RADIX_MAX_CAPACITY
         if plan.whole_row:
             assert plan.S >= N and plan.r == k and plan.r_max <= plan.C
@@ -58,21 +54,21 @@ def _check_invariants(plan, N, k):
             assert plan.sample_stride >= 8 and (plan.S // 8 - 1) * plan.sample_stride + 8 <= N
             assert 1 <= plan.r < plan.r_max <= plan.S
         assert plan.chunk & (plan.chunk - 1) == 0 and plan.batch_rows() >= 1
-        if plan.kind == "bitmask":
-            assert plan.K2 <= plan.SORT <= min(plan.C, 2 * configs.BITMASK_MAX_SORT)  # 2x: a sweep variant
-            assert 1 <= plan.E <= 32 and plan.G == 128 * plan.filter_warps
-            assert plan.even == (N % plan.chunk == 0)
+        assert plan.K2 <= plan.SORT <= min(plan.C, 2 * configs.BITMASK_MAX_SORT)  # 2x: a sweep variant
+        assert 1 <= plan.E <= 32 and plan.G == 128 * plan.filter_warps
+        assert plan.even == (N % plan.chunk == 0)
 
 
 def test_sample_rank_bounds_are_conservative():
     # tau = r-th largest of S samples: P(more than r samples in the true top k) and
     # P(fewer than r samples in the top C) are both <= the miss probability under Poisson bounds
     N, k, S = 262144, 1024, 16384
-    r, r_max, C = configs._sample_rank_and_capacity(N, k, S)
+    miss = configs.BITMASK_MISS_PROBABILITY
+    r, r_max, C = configs._sample_rank_and_capacity(N, k, S, miss)
     mu = S * k / N
     assert r > mu + 5 * math.sqrt(mu) and r_max > r
-    assert configs._poisson_sf(r, mu) <= configs.RADIX_MISS_PROBABILITY
-    assert configs._poisson_cdf_below(r_max, C * S / N) <= configs.RADIX_MISS_PROBABILITY * 1.01
+    assert configs._poisson_sf(r, mu) <= miss
+    assert configs._poisson_cdf_below(r_max, C * S / N) <= miss * 1.01
 
 
 def test_poisson_helpers_match_closed_forms():
@@ -81,28 +77,16 @@ def test_poisson_helpers_match_closed_forms():
     assert configs._poisson_cdf_below(2, 2.0) == pytest.approx(math.exp(-2.0) * 3.0)
 
 
-def test_filter_slow_rate_falls_with_more_groups():
-    rates = [configs._filter_slow_rate(16, 8192 // G, G) for G in (64, 128, 256, 512)]
-    assert rates == sorted(rates, reverse=True) and rates[-1] < 0.01 < rates[0]
-
-
-def test_bitonic_step_count():
-    assert configs._bitonic_topk_steps(8, 8) == 8 * 3 * 4 // 2
-    assert configs._bitonic_topk_steps(16, 8) == 16 * 6 + 8 * 4
-
-
-def test_forced_radix_plan_keeps_statistics_consistent():
-    plan = configs.radix_plan(32768, 833, 4096)
+def test_forced_bitmask_plan_keeps_statistics_consistent():
+    plan = configs.bitmask_plan(32768, 833, S=4096)
     assert plan.S == 4096 and plan.r > 833 * 4096 / 32768
-    assert configs.radix_plan(32768, 833, 64) is None  # capacity would not fit
+    assert configs.bitmask_plan(32768, 833, S=64) is None  # capacity would not fit
 
 
 @pytest.mark.parametrize("N,k", [(1024, 8), (8192, 16), (32768, 833), (1000, 1000), (262144, 1024)])
-def test_sweep_variants_start_with_the_default_then_legacy_and_keep_invariants(N, k):
+def test_sweep_variants_start_with_the_default_and_keep_invariants(N, k):
     plans = variants(N, k)
     assert plans[0] == configs.plan(N, k) and len(plans) == len(set(plans))
-    legacy = configs.legacy_plan(N, k)
-    assert legacy in plans and (legacy == plans[0] or plans[1] == legacy)
     for p in plans:
         _check_invariants(p, N, k)
 
@@ -131,8 +115,7 @@ def test_compile_specs_are_few_and_named_uniquely():
     names = [s.name for s in specs]
     assert 20 <= len(specs) <= 40 and len(set(names)) == len(names)
     assert {n.split("[")[0] for n in names} == {
-        "topk.sieve", "topk.full", "topk.bitmask_threshold", "topk.bitmask_filter", "topk.bitmask_select",
-        "topk.legacy_filter", "topk.legacy_radix_threshold", "topk.legacy_radix_filter", "topk.legacy_radix_select"}
+        "topk.sieve", "topk.full", "topk.bitmask_threshold", "topk.bitmask_filter", "topk.bitmask_select"}
     for s in specs:
         if s.name.startswith("topk.sieve[fp32,N=8192"):
             assert s.attrs and all(v == [["tt.divisibility", 16]] for v in s.attrs.values())

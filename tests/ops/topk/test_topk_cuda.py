@@ -156,7 +156,7 @@ def test_radix_rows_in_several_batches(monkeypatch):
 
 
 @pytest.mark.parametrize("N,k", [(1024, 8), (8192, 16), (2048, 2), (8192, 64), (32768, 833)])
-def test_every_sweep_variant_and_the_legacy_plan_match_the_reference(N, k):
+def test_every_sweep_variant_matches_the_reference(N, k):
     # the sweep times these plans directly (launch.topk_rows(plan=...)): each must be exact too
     from tilefly.ops.topk import launch
     from tilefly.ops.topk.sweep import variants

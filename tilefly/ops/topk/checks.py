@@ -1,5 +1,4 @@
-"""CI checks of the top-k kernels: compile specs (every default config, plus one per legacy kernel)
-for sm_90a, and small interpreter runs (TRITON_INTERPRET=1) of every kernel and branch.
+"""CI checks of the top-k kernels: compile specs (every default config) for sm_90a, and small interpreter runs (TRITON_INTERPRET=1) of every kernel and branch.
 
 Specs carry the specializations the GPU launch gets for the benchmark shapes: 16-byte aligned
 pointers, and N and the row stride divisible by 16 when they are, so the compiled code (vector
@@ -22,8 +21,6 @@ SPEC_SHAPES = (
     (8192, 64, ("fp32",)), (32768, 256, ("fp32",)), (32768, 833, ("fp32", "bf16")),  # bitmask
     (262144, 1024, ("fp32",)), (4097, 64, ("fp32",)),                            # bitmask: C=4096, masked
 )
-# legacy kernels (sweep variants): one config each
-LEGACY_SPEC_SHAPES = ((8192, 16), (32768, 833))
 
 
 def compile_specs():
@@ -33,8 +30,6 @@ def compile_specs():
     for N, k, dtypes in SPEC_SHAPES:
         for dt in dtypes:
             specs.extend(_specs_for(configs.plan(N, k), N, k, dt, KernelSpec))
-    for N, k in LEGACY_SPEC_SHAPES:
-        specs.extend(_specs_for(configs.legacy_plan(N, k), N, k, "fp32", KernelSpec))
     return specs
 
 
@@ -74,7 +69,7 @@ def _specs_for(p, N: int, k: int, dt: str, KernelSpec) -> list:
         sig = {"x_ptr": x, "values_ptr": x, "indices_ptr": "*i64", "rows": "i32", "N": "i32",
                "x_row_stride": "i32", "k": "i32", "LARGEST": "constexpr", "ROWS": "constexpr",
                "NP": "constexpr", "K2": "constexpr"}
-        return [_spec(KernelSpec, f"topk.full{tag}", "kernels_small", "topk_full_kernel", sig,
+        return [_spec(KernelSpec, f"topk.full{tag}", "kernels_full", "topk_full_kernel", sig,
                       dict(LARGEST=True, ROWS=p.ROWS, NP=p.NP, K2=p.K2), p.num_warps, N)]
     if p.kind == "sieve":
         sig = {"x_ptr": x, "values_ptr": x, "indices_ptr": "*i64", "scratch_ptr": "*i64", "N": "i32",
@@ -101,28 +96,7 @@ def _specs_for(p, N: int, k: int, dt: str, KernelSpec) -> list:
             _spec(KernelSpec, f"topk.bitmask_select{tag}", "kernels_bitmask", "counting_select_kernel", select_sig,
                   dict(LARGEST=True, C=p.C, SORT=p.SORT, BLOCK=p.block), p.select_warps, N, _EXACT_PATH_STACK_BYTES),
         ]
-    if p.kind == "filter":
-        sig = {"x_ptr": x, "values_ptr": x, "indices_ptr": "*i64", "N": "i32", "x_row_stride": "i32",
-               "k": "i32", "LARGEST": "constexpr", "E": "constexpr", "G": "constexpr", "K2": "constexpr"}
-        return [_spec(KernelSpec, f"topk.legacy_filter{tag}", "kernels_small", "topk_filter_kernel", sig,
-                      dict(LARGEST=True, E=p.E, G=p.G, K2=p.K2), p.num_warps, N)]
-    threshold_sig = {"x_ptr": x, "tau_ptr": "*i32", "count_ptr": "*i32", "N": "i32", "x_row_stride": "i32",
-                     "r": "i32", "r_max": "i32", "sample_stride": "i32", "LARGEST": "constexpr", "S": "constexpr",
-                     "WHOLE_ROW": "constexpr"}
-    filter_sig = {"x_ptr": x, "tau_ptr": "*i32", "count_ptr": "*i32", "cand_ptr": "*i64", "N": "i32",
-                  "x_row_stride": "i32", "chunks_per_row": "i32", "LARGEST": "constexpr", "CHUNK": "constexpr",
-                  "C": "constexpr"}
-    select_sig = {"x_ptr": x, "count_ptr": "*i32", "cand_ptr": "*i64", "values_ptr": x, "indices_ptr": "*i64",
-                  "N": "i32", "x_row_stride": "i32", "k": "i32", "LARGEST": "constexpr", "C": "constexpr",
-                  "K2": "constexpr", "BLOCK": "constexpr"}
-    return [
-        _spec(KernelSpec, f"topk.legacy_radix_threshold{tag}", "kernels_radix", "threshold_kernel", threshold_sig,
-              dict(LARGEST=True, S=p.S, WHOLE_ROW=p.whole_row), p.threshold_warps, N),
-        _spec(KernelSpec, f"topk.legacy_radix_filter{tag}", "kernels_radix", "filter_kernel", filter_sig,
-              dict(LARGEST=True, CHUNK=p.chunk, C=p.C), p.filter_warps, N),
-        _spec(KernelSpec, f"topk.legacy_radix_select{tag}", "kernels_radix", "select_kernel", select_sig,
-              dict(LARGEST=True, C=p.C, K2=p.K2, BLOCK=p.fallback_block), p.select_warps, N),
-    ]
+    raise ValueError(f"unknown plan kind {p.kind!r}")
 
 
 def interpreter_checks():
@@ -131,7 +105,6 @@ def interpreter_checks():
     largest=False, 16-bit inputs, masked tiles."""
     forced_bitmask = configs.bitmask_plan(3000, 40, S=512)
     small_cap = dataclasses.replace(forced_bitmask, C=64)  # ~150 candidates: the filter overflows C
-    forced_radix = configs.radix_plan(3000, 40, 512)
     cases = [  # name, rows, N, k, data, largest, dtype, plan (None: configs.plan)
         ("full_N1_k1", 3, 1, 1, "randn", True, "fp32", None),
         ("full_N5_k5_nan", 4, 5, 5, "nan", True, "fp32", None),
@@ -158,10 +131,6 @@ def interpreter_checks():
         ("bitmask_N3000_k40_overflow_exact_path", 2, 3000, 40, "randn", True, "fp32", small_cap),
         ("bitmask_N3000_k40_sort_2x", 2, 3000, 40, "randn", True, "fp32",
          dataclasses.replace(forced_bitmask, SORT=128)),
-        ("legacy_filter_N1000_k7_smallest_nan", 2, 1000, 7, "nan", False, "fp32", configs.legacy_plan(1000, 7)),
-        ("legacy_filter_N1000_k16_ties_slow_branch", 2, 1000, 16, "ties", True, "fp32", configs.legacy_plan(1000, 16)),
-        ("legacy_radix_N3000_k40", 2, 3000, 40, "randn", True, "fp32", forced_radix),
-        ("legacy_radix_N3000_k40_exact_fallback_ties", 2, 3000, 40, "ties", True, "fp32", forced_radix),
     ]
     return [(name, functools.partial(_check_case, *case)) for name, *case in cases]
 

@@ -4,7 +4,7 @@ Default plans (``plan(N, k)``, cached per (N, k)):
 
 - ``FullPlan``     N <= FULL_ALWAYS_N (any k), and k > SIEVE_MAX_K on rows up to
                    FULL_MAX_N: a bitonic top-k of the whole padded row, ROWS rows
-                   per program (kernels_small.py).
+                   per program (kernels_full.py).
 - ``SievePlan``    k <= SIEVE_MAX_K on rows up to SIEVE_MAX_N: one read, a float
                    threshold from team maxima, bitmask compaction, ranking by
                    counting (kernels_sieve.py).
@@ -12,17 +12,11 @@ Default plans (``plan(N, k)``, cached per (N, k)):
                    bitmask filter over chunks, counting select with one sort of
                    SORT words (kernels_bitmask.py). S, r and C come from Poisson
                    tail bounds so a row of i.i.d. data misses the fast path with
-                   probability <= RADIX_MISS_PROBABILITY per side.
-
-Legacy plans (``legacy_plan(N, k)``: what served before the sieve and bitmask
-kernels, kept so the sweep can time old against new on the same GPU run):
-
-- ``FilterPlan``   the register filter kernel for k <= 16 (kernels_small.py).
-- ``RadixPlan``    sample, atomic filter, bitonic select (kernels_radix.py).
+                   probability <= BITMASK_MISS_PROBABILITY per side.
 
 Numbers are first guesses for the H200 (132 SMs, 4.3 TB/s), to be tuned with
 ``python -m tilefly.ops.topk.sweep``, which times variants of these plans
-(``dataclasses.replace`` of a plan, ``radix_plan(N, k, S)``) passed to
+(``dataclasses.replace`` of a plan, ``bitmask_plan(N, k, S, ...)``) passed to
 ``launch.topk_rows`` directly. CI checks (compile specs, interpreter runs) are
 in checks.py; ``compile_specs`` and ``interpreter_checks`` here delegate to it.
 """
@@ -41,23 +35,15 @@ SIEVE_ELEMENTS_PER_THREAD = 64 # E = 16 rows of 4 columns: the per-row work (two
                                # the ranking) is ~500-700 instructions per thread (sm_90a SASS), ~10 per
                                # element at this size on top of ~4.5 for the element pass
 SIEVE_MAX_CAP = 32             # candidate slots ranked per row ([CAP, CAP] int64 compares)
-FILTER_MAX_K = 16              # legacy register filter kernel serves k <= this ...
-FILTER_MAX_N = 8192            # ... on rows up to this length (32 KiB of fp32 in registers)
-FILTER_MAX_SLOW_ROWS = 0.05    # at most this share of rows on the slow branch; a cost model picks G
-FILTER_ELEMENTS_PER_WARP = 1024
-RADIX_MAX_K = 1024             # K2 <= 1024 words sorted per row in select_kernel
-RADIX_MAX_CAPACITY = 4096      # candidate words per row (int64): sort size of select_kernel
+RADIX_MAX_K = 1024             # K2 <= 1024 words sorted per row in counting_select_kernel
+RADIX_MAX_CAPACITY = 4096      # candidate words per row (int64) the counting select compacts
 RADIX_MIN_SAMPLE = 512
 RADIX_MAX_SAMPLE = 16384
-RADIX_MISS_PROBABILITY = 1e-9
 BITMASK_MISS_PROBABILITY = 1e-7  # either miss sends the row down the bitmask select's exact path (correct,
-                                 # a few row passes): a looser bound than the legacy kernels' keeps C at 2048
-                                 # where 1e-9 would double it (e.g. N=32768, k=350, S=2048: 1901 vs 2218)
+                                 # a few row passes): looser than 1e-9, which would double C at 2048
+                                 # (e.g. N=32768, k=350, S=2048: 1901 vs 2218)
 RADIX_RANK_SLACK = 0.25        # tau may have r .. r*(1+this) sample keys above it: fewer bisection steps
-RADIX_CHUNK = 2048             # elements per filter program: ~5 registers per element (pointer,
-                               # packed word, scan), so small chunks keep 4+ programs per SM
 RADIX_SCRATCH_BYTES = 256 << 20  # candidate lists of one launch batch
-FALLBACK_BLOCK = 2048          # elements per step of the exact (slow) path
 BITMASK_ELEMENTS_PER_THREAD = 64  # filter chunk = 16 rows x (128 x warps) columns
 BITMASK_MAX_FILTER_WARPS = 4   # chunk <= 8192 elements: several programs per SM, many per long row
 BITMASK_MAX_SORT = 1024        # words sorted per row (tl.sort of int64) after the counting select
@@ -76,15 +62,6 @@ class FullPlan:
     ROWS: int
     num_warps: int
     kind: str = "full"
-
-
-@dataclass(frozen=True)
-class FilterPlan:
-    E: int
-    G: int
-    K2: int
-    num_warps: int
-    kind: str = "filter"
 
 
 @dataclass(frozen=True)
@@ -127,38 +104,7 @@ class BitmaskPlan:
         return max(1, RADIX_SCRATCH_BYTES // (self.C * 8))
 
 
-@dataclass(frozen=True)
-class RadixPlan:
-    S: int                 # sample size (power of two); S >= N means the whole row, tau exact
-    whole_row: bool
-    sample_stride: int     # distance between the 8-element sample runs
-    r: int                 # tau has between r and r_max sample keys at or above it
-    r_max: int
-    C: int                 # candidate capacity per row (power of two)
-    K2: int
-    chunk: int
-    threshold_warps: int
-    filter_warps: int
-    select_warps: int
-    fallback_block: int
-    kind: str = "radix"
-
-    def batch_rows(self) -> int:
-        return max(1, RADIX_SCRATCH_BYTES // (self.C * 8))
-
-
-Plan = FullPlan | FilterPlan | SievePlan | RadixPlan | BitmaskPlan
-
-
-# The sieve and bitmask plans serve since the H200 sweep at ad87ca3 showed them faster than the
-# legacy plans on 31 of 33 cases (register 11.6x, radix 3.6x over ATen against 4.1x and 1.5x)
-# and the GPU tests passed with them. False puts the legacy plans back (the sweep compares both).
-NEW_PLANS_VERIFIED = True
-
-
-def served_plan(N: int, k: int) -> Plan | None:
-    """The plan torch.topk runs: plan(), or legacy_plan() with NEW_PLANS_VERIFIED off."""
-    return plan(N, k) if NEW_PLANS_VERIFIED else legacy_plan(N, k)
+Plan = FullPlan | SievePlan | BitmaskPlan
 
 
 @functools.lru_cache(maxsize=4096)
@@ -174,24 +120,6 @@ def plan(N: int, k: int) -> Plan | None:
         return _full_plan(NP, K2)
     if k <= RADIX_MAX_K:
         return bitmask_plan(N, k)
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def legacy_plan(N: int, k: int) -> Plan | None:
-    """What plan() chose before the sieve and bitmask kernels (register filter, atomic radix)."""
-    if not 1 <= k <= N:
-        return None
-    NP = next_pow2(N)
-    K2 = _k2(NP, k)
-    if k <= FILTER_MAX_K and FULL_ALWAYS_N < NP <= FILTER_MAX_N:
-        filtered = _filter_plan(N, NP, k, K2)
-        if filtered is not None:
-            return filtered
-    if NP <= FULL_MAX_N:
-        return _full_plan(NP, K2)
-    if k <= RADIX_MAX_K:
-        return _radix_plan(N, NP, k, K2)
     return None
 
 
@@ -226,79 +154,6 @@ def sieve_capacity(k: int) -> int:
     largest seen 2k (k=16: 32). 1.5k + 4 slots, rounded up, at most SIEVE_MAX_CAP: the exact path
     (~6-9x a fast row) then runs on ~2.5e-5 of rows at k=8 and fewer elsewhere."""
     return max(8, min(next_pow2(math.ceil(1.5 * k) + 4), SIEVE_MAX_CAP))
-
-
-def _filter_plan(N: int, NP: int, k: int, K2: int) -> FilterPlan | None:
-    # G trades the two bitonic top-k's per row (G group maxima as int32, 2G candidates as int64)
-    # against the share of rows that take the slow branch (a top-k of all NP words): pick the G
-    # with the fewest expected compare-exchange instructions per row
-    best = None
-    for G in (32, 64, 128, 256, 512, 1024, 2048):
-        E = NP // G
-        if G < K2 or G > N or E < 2:
-            continue
-        rate = _filter_slow_rate(k, E, G)
-        if rate > FILTER_MAX_SLOW_ROWS:
-            continue
-        cost = (6 * _bitonic_topk_steps(G, K2) + 10 * _bitonic_topk_steps(2 * G, K2)
-                + rate * 20 * _bitonic_topk_steps(NP, K2))  # x2: its layout conversions go through shared memory
-        if best is None or cost < best[0]:
-            best = (cost, E, G)
-    if best is None:
-        return None
-    _, E, G = best
-    return FilterPlan(E=E, G=G, K2=K2, num_warps=max(1, min(8, NP // FILTER_ELEMENTS_PER_WARP)))
-
-
-def _filter_slow_rate(k: int, E: int, G: int) -> float:
-    """P(some group has >= 3 hits) for i.i.d. data: hits are keys >= the k-th largest group max."""
-    # per-element hit probability q with P(group max >= tau) = k / G
-    q = 1.0 - (1.0 - k / G) ** (1.0 / E)
-    p_le2 = sum(math.comb(E, i) * q**i * (1 - q) ** (E - i) for i in range(min(E, 2) + 1))
-    return min(1.0, G * (1.0 - p_le2))
-
-
-# Per-row cost model of the radix plan, in lane-instructions: a sampled key costs ~12 bisection
-# steps of 2 instructions plus its 4 bytes of DRAM traffic (an SM moves ~33 GB/s of the H200's
-# 4.3 TB/s while issuing ~224 G lane-instructions/s: ~7 instructions a byte); a bitonic
-# compare-exchange of int64 words costs ~6.
-_SAMPLE_COST = 24 + 4 * 7
-
-
-def _radix_plan(N: int, NP: int, k: int, K2: int, only_sample: int | None = None) -> RadixPlan | None:
-    # cheapest sample size S: the threshold kernel's sample plus the select kernel's sort of C words
-    best = None
-    S = only_sample or RADIX_MIN_SAMPLE
-    while S <= (only_sample or RADIX_MAX_SAMPLE):
-        whole = S >= N
-        if whole:
-            S, r, r_max = NP, k, _rank_window(k)
-            C = next_pow2(max(2 * K2, 64, r_max))
-        else:
-            r, r_max, C = _sample_rank_and_capacity(N, k, S)
-            C = next_pow2(max(C, K2))
-        if C <= RADIX_MAX_CAPACITY:
-            cost = _SAMPLE_COST * S + _bitonic_topk_steps(C, K2) * 6
-            if best is None or cost < best[0]:
-                best = (cost, S, whole, r, r_max, C)
-        if whole:
-            break
-        S *= 2
-    if best is None:
-        return None
-    _, S, whole, r, r_max, C = best
-    chunk = min(NP, RADIX_CHUNK)
-    return RadixPlan(S=S, whole_row=whole, sample_stride=0 if whole else N // (S // 8), r=r, r_max=r_max, C=C,
-                     K2=K2,
-                     chunk=chunk, threshold_warps=max(1, min(16, S // 1024)),
-                     filter_warps=max(1, min(8, chunk // 256)),
-                     select_warps=max(4, min(16, C // 256)), fallback_block=FALLBACK_BLOCK)
-
-
-def radix_plan(N: int, k: int, S: int) -> RadixPlan | None:
-    """The radix plan with sample size S (r and C follow from S); None when C would not fit."""
-    NP = next_pow2(N)
-    return _radix_plan(N, NP, k, min(NP, max(2, next_pow2(k))), only_sample=S)
 
 
 def bitmask_plan(N: int, k: int, S: int | None = None, filter_warps: int | None = None,
@@ -381,21 +236,11 @@ def _expected_max_binomial(n: int, p: float, columns: int) -> float:
     return max(1.0, sum(1 - cdf[m - 1] ** columns for m in range(1, n + 1)))
 
 
-def _bitonic_topk_steps(n: int, k2: int) -> int:
-    """Element compare-exchange steps of tl.topk(x[n], k2): sort runs of k2, then halve and re-merge."""
-    L = k2.bit_length() - 1
-    steps = n * L * (L + 1) // 2
-    while n > k2:
-        n //= 2
-        steps += n * (L + 1)
-    return steps
-
-
 def _rank_window(r: int) -> int:
     return r + max(4, int(r * RADIX_RANK_SLACK))
 
 
-def _sample_rank_and_capacity(N: int, k: int, S: int, miss: float = RADIX_MISS_PROBABILITY) -> tuple[int, int, int]:
+def _sample_rank_and_capacity(N: int, k: int, S: int, miss: float) -> tuple[int, int, int]:
     """r: with r sample keys >= tau, at least k row elements are >= tau unless a ``miss`` event;
     r_max: the bisection may stop anywhere in [r, r_max]; C: a capacity that the row elements
     >= tau exceed as rarely when at most r_max sample keys are >= tau (Poisson bounds)."""

@@ -10,7 +10,7 @@ Eligibility (``topk_reason``; None = served), each rejection a one-line reason:
 | ``dim`` is the last dimension               | ATen: another dim needs a transposing copy |
 | last dimension has stride 1                 | ATen: same copy cost                       |
 | 1 <= k <= N (ATen raises or returns empty)  | ATen (so its errors stay its own)          |
-| a kernel plan exists (configs.served_plan:  | ATen                                       |
+| a kernel plan exists (configs.plan:         | ATen                                       |
 |   k <= N                                    |                                            |
 |   for N <= 2048, else k <= 1024 and C fits) |                                            |
 | band: not k > 512 on rows <= 2048 (a sort), | ATen                                       |
@@ -19,10 +19,10 @@ Eligibility (``topk_reason``; None = served), each rejection a one-line reason:
 |   the output shape, or empty (resized here);|                                            |
 |   not sharing the input's memory            |                                            |
 
-Kernels (configs.served_plan -> configs.plan): the sieve for k <= 16 (kernels_sieve.py),
-a whole-row bitonic sort for short rows (kernels_small.py), and sample threshold / bitmask
-filter / counting select up to k = 1024 (kernels_bitmask.py). The legacy plans they replaced
-(register filter, atomic radix filter; configs.legacy_plan) stay for the sweep's comparison.
+Kernels (configs.plan): the sieve for k <= 16 (kernels_sieve.py), a whole-row bitonic sort
+for short rows (kernels_full.py), and sample threshold / bitmask filter / counting select up
+to k = 1024 (kernels_bitmask.py). They replaced a register filter and an atomic radix filter
+after the H200 sweep at ad87ca3 (BENCHMARKS.md), which were then deleted.
 
 Host path (``torch.topk``): ``topk_plan`` keeps a ``Served`` per (device, dtype, shape,
 strides, k, dim, largest), holding the verdict, the performance band and, after the first
@@ -129,7 +129,7 @@ def topk_reason(self, k, dim=-1, largest=True, sorted=True) -> str | None:
 
 
 def _band(N: int, k: int) -> str | None:
-    plan = configs.served_plan(N, k)
+    plan = configs.plan(N, k)
     if plan.kind == "full" and k > BAND_FULL_MAX_K:
         return f"k={k} > {BAND_FULL_MAX_K} on a row of {N}: a whole-row sort, ATen's is as fast (force=True serves it)"
     return None
@@ -153,7 +153,7 @@ def _eligibility(self, k, dim) -> str | None:
         return f"k={k} outside 1..{N} (ATen's behaviour)"
     if self.stride(-1) != 1:
         return "last dimension is strided (a copy; left to ATen)"
-    if configs.served_plan(N, k) is None:
+    if configs.plan(N, k) is None:
         return f"no kernel for N={N}, k={k} (k > {configs.RADIX_MAX_K} on rows > {configs.FULL_MAX_N}, or too long)"
     return None
 

@@ -3,9 +3,9 @@
 Three launches per batch of rows (configs.BitmaskPlan sizes them), plain Triton:
 
 1. ``sample_threshold_kernel`` (one program per row, S sample keys in registers):
-   the key ``tau`` with between r and r_max sample keys at or above it, as in
-   kernels_radix.py, but keys of values widened to fp32, so tau turns into a
-   float threshold (keys.threshold_value). Zeroes the row's candidate count.
+   the key ``tau`` with between r and r_max sample keys at or above it (keys of
+   values widened to fp32, so tau turns into a float threshold,
+   keys.threshold_value). Zeroes the row's candidate count.
 2. ``bitmask_filter_kernel`` (one program per chunk of E*G elements, many per
    row): the chunk is one [G, E] register tile laid out as in kernels_sieve.py
    (G = 128 * warps columns, lane g loads element g of each 128-byte run, 4
@@ -17,7 +17,7 @@ Three launches per batch of rows (configs.BitmaskPlan sizes them), plain Triton:
    1-3% of elements are hits, so the per-element work is the compare (~4.8
    instructions with the load); per chunk ~300 per thread plus ~110 a round
    (sm_90a SASS: 597 + 111 per extra round for 64 elements per thread,
-   against ~100 per element for the legacy atomic filter).
+   against ~100 per element for the atomic filter this kernel replaced).
 3. ``counting_select_kernel`` (one program per row): the C candidate words in
    registers ([C], C / threads per thread). Bisection on their 32-bit keys for
    a t with k <= count(key >= t) <= SORT (SORT = plan's sort size >= k; it

@@ -43,7 +43,7 @@ Cost (sm_90a SASS, fp32, fast path): per element a load, a float max, a
 compare, a select and half a 3-input add into the mask, ~4.5 instructions;
 per row ~500-700 instructions per thread (the two counting tiles, the scan,
 the rounds, the ranking), e.g. 952 per thread at N=8192, k=16, 4 warps
-(15 per element) against ~50 per element for the legacy filter kernel.
+(15 per element) against ~50 per element for the register filter kernel it replaced.
 """
 from __future__ import annotations
 

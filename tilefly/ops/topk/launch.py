@@ -29,8 +29,8 @@ from tilefly.ops.topk import configs
 
 _tracing = threading.local()  # .launches [(compiled, grid, args)] and .scratch [tensor] while trace() runs
 
-_KERNEL_MODULES = {"small": "tilefly.ops.topk.kernels_small", "radix": "tilefly.ops.topk.kernels_radix",
-                   "sieve": "tilefly.ops.topk.kernels_sieve", "bitmask": "tilefly.ops.topk.kernels_bitmask"}
+_KERNEL_MODULES = {"full": "tilefly.ops.topk.kernels_full", "sieve": "tilefly.ops.topk.kernels_sieve",
+                   "bitmask": "tilefly.ops.topk.kernels_bitmask"}
 
 
 class _Kernel:
@@ -68,11 +68,7 @@ def _spec(arg) -> tuple:
     return (type(arg),)
 
 
-_full = _Kernel("small", "topk_full_kernel")
-_filter = _Kernel("small", "topk_filter_kernel")
-_radix_threshold = _Kernel("radix", "threshold_kernel")
-_radix_filter = _Kernel("radix", "filter_kernel")
-_radix_select = _Kernel("radix", "select_kernel")
+_full = _Kernel("full", "topk_full_kernel")
 _sieve = _Kernel("sieve", "sieve_kernel")
 _bitmask_threshold = _Kernel("bitmask", "sample_threshold_kernel")
 _bitmask_filter = _Kernel("bitmask", "bitmask_filter_kernel")
@@ -83,7 +79,7 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool, values: torch.Tensor, indi
               plan: configs.Plan | None = None) -> None:
     """Top-k of each row of ``x`` ([rows, N], unit column stride) into contiguous [rows, k] outputs."""
     rows, N = x.shape
-    plan = plan or configs.served_plan(N, k)
+    plan = plan or configs.plan(N, k)
     if plan is None:
         raise ValueError(f"no top-k kernel serves N={N}, k={k}")
     stride = x.stride(0)
@@ -97,15 +93,12 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool, values: torch.Tensor, indi
     elif plan.kind == "full":
         _full((_cdiv(rows, plan.ROWS),), (x, values, indices, rows, N, stride, k),
               dict(LARGEST=largest, ROWS=plan.ROWS, NP=plan.NP, K2=plan.K2), plan.num_warps)
-    elif plan.kind == "filter":
-        _filter((rows,), (x, values, indices, N, stride, k),
-                dict(LARGEST=largest, E=plan.E, G=plan.G, K2=plan.K2), plan.num_warps)
-    else:  # "bitmask", or the legacy "radix"
+    else:
         _sample_filter_select(x, k, largest, values, indices, plan)
 
 
 def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
-    """The three launches of a radix or bitmask plan, in batches of rows sharing one scratch."""
+    """The three launches of a bitmask plan, in batches of rows sharing one scratch."""
     rows, N = x.shape
     batch = min(rows, plan.batch_rows())
     scratch = _scratch((batch * (plan.C + 1),), torch.int64, x.device)  # one allocation for all three
@@ -113,24 +106,16 @@ def _sample_filter_select(x, k, largest, values, indices, plan) -> None:
     cand = scratch[:batch * plan.C]
     tau, count = scratch[batch * plan.C:].view(torch.int32).split(batch)
     chunks = _cdiv(N, plan.chunk)
-    bitmask = plan.kind == "bitmask"
-    threshold, filter_, select = ((_bitmask_threshold, _bitmask_filter, _bitmask_select) if bitmask
-                                  else (_radix_threshold, _radix_filter, _radix_select))
-    if bitmask:
-        filter_meta = dict(LARGEST=largest, E=plan.E, G=plan.G, C=plan.C, EVEN=plan.even)
-        select_meta = dict(LARGEST=largest, C=plan.C, SORT=plan.SORT, BLOCK=plan.block)
-    else:
-        filter_meta = dict(LARGEST=largest, CHUNK=plan.chunk, C=plan.C)
-        select_meta = dict(LARGEST=largest, C=plan.C, K2=plan.K2, BLOCK=plan.fallback_block)
+    filter_meta = dict(LARGEST=largest, E=plan.E, G=plan.G, C=plan.C, EVEN=plan.even)
+    select_meta = dict(LARGEST=largest, C=plan.C, SORT=plan.SORT, BLOCK=plan.block)
     for start in range(0, rows, batch):
         n = min(batch, rows - start)
         xb, vb, ib = x[start:start + n], values[start:start + n], indices[start:start + n]
         stride = xb.stride(0)
-        threshold((n,), (xb, tau, count, N, stride, plan.r, plan.r_max, plan.sample_stride),
-                  dict(LARGEST=largest, S=plan.S, WHOLE_ROW=plan.whole_row), plan.threshold_warps)
-        filter_((n * chunks,), (xb, tau, count, cand, N, stride, chunks), filter_meta, plan.filter_warps)
-        select_args = (xb, tau, count) if bitmask else (xb, count)  # the bitmask select restarts from tau
-        select((n,), (*select_args, cand, vb, ib, N, stride, k), select_meta, plan.select_warps)
+        _bitmask_threshold((n,), (xb, tau, count, N, stride, plan.r, plan.r_max, plan.sample_stride),
+                           dict(LARGEST=largest, S=plan.S, WHOLE_ROW=plan.whole_row), plan.threshold_warps)
+        _bitmask_filter((n * chunks,), (xb, tau, count, cand, N, stride, chunks), filter_meta, plan.filter_warps)
+        _bitmask_select((n,), (xb, tau, count, cand, vb, ib, N, stride, k), select_meta, plan.select_warps)
 
 
 class Replay:

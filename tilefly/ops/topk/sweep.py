@@ -2,14 +2,11 @@
 
     python -m tilefly.ops.topk.sweep --out $OUT/topk_sweep.json            # every case, ~5-8 min
     python -m tilefly.ops.topk.sweep --family register --cases 0,5 --jobs 8
-    python -m tilefly.ops.topk.sweep --no-variants                         # default and legacy only
+    python -m tilefly.ops.topk.sweep --no-variants                         # default plans only
 
 Per case (FP32 randn, the suite's rows x N and k): ATen's torch.topk with
 deterministic algorithms off and on, tilefly through torch.topk (router
-included) in both modes, the legacy plan (``configs.legacy_plan``: the register
-filter / atomic radix kernels the sieve and bitmask kernels replaced, so one
-run compares old and new on the same GPU), and each plan variant launched
-directly (``launch.topk_rows(plan=...)``). Every variant's output is checked
+included) in both modes, and each plan variant launched directly (``launch.topk_rows(plan=...)``). Every variant's output is checked
 against ATen's values and against its own indices before it is timed. Timing
 is ``tilefly.bench.timing.measure`` with the QUICK policy, as the benchmark tables (L2 flushed
 before each call, median).
@@ -43,7 +40,7 @@ def load_cases(family: str | None = None) -> list[dict]:
 
 
 def variants(N: int, k: int) -> list:
-    """The default plan first, then the legacy plan, then neighbours along each tuning axis."""
+    """The default plan first, then neighbours along each tuning axis."""
     from tilefly.ops.topk import configs
 
     base = configs.plan(N, k)
@@ -53,7 +50,6 @@ def variants(N: int, k: int) -> list:
         if p is not None and p not in out:
             out.append(p)
 
-    add(configs.legacy_plan(N, k))
     if base.kind == "sieve":
         for w in (base.num_warps // 2, base.num_warps * 2, base.num_warps * 4):
             if w >= 1:
@@ -75,29 +71,9 @@ def variants(N: int, k: int) -> list:
         for w in (base.select_warps // 2, base.select_warps * 2):
             if 4 <= w <= 32:
                 add(dataclasses.replace(base, select_warps=w, block=256 * w))
-    elif base.kind == "filter":
-        for G in (base.G // 2, base.G * 2, base.G * 4):
-            E = base.E * base.G // G
-            if base.K2 <= G <= N and E >= 2:
-                add(dataclasses.replace(base, G=G, E=E))
-        for w in (base.num_warps // 2, base.num_warps * 2, base.num_warps * 4):
-            if 1 <= w <= 16:
-                add(dataclasses.replace(base, num_warps=w))
     elif base.kind == "full":
         for w in (1, 2, 4, 8):
             add(dataclasses.replace(base, num_warps=w))
-    else:
-        for S in (base.S // 2, base.S * 2):
-            if configs.RADIX_MIN_SAMPLE // 2 <= S <= 2 * configs.RADIX_MAX_SAMPLE and not base.whole_row:
-                add(configs.radix_plan(N, k, S))
-        for chunk, w in ((1024, 4), (2048, 4), (4096, 8), (4096, 16), (8192, 16)):
-            add(dataclasses.replace(base, chunk=min(chunk, configs.next_pow2(N)), filter_warps=w))
-        for w in (base.select_warps // 2, base.select_warps * 2):
-            if 4 <= w <= 32:
-                add(dataclasses.replace(base, select_warps=w))
-        for w in (base.threshold_warps * 2, base.threshold_warps * 4):
-            if w <= 32:
-                add(dataclasses.replace(base, threshold_warps=w))
     return out
 
 
@@ -149,11 +125,9 @@ def _bench(fn) -> float:
     return measure(fn, QUICK).median_us
 
 
-def _describe(plan, base, legacy) -> str:
+def _describe(plan, base) -> str:
     if plan == base:
         return "default"
-    if plan == legacy:
-        return "legacy"
     if plan.kind != base.kind:
         return plan.kind
     diff = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if getattr(plan, f.name) != getattr(base, f.name)}
@@ -164,9 +138,6 @@ def _time_case(case: dict, plans: list, errors: list) -> dict:
     import torch
 
     import tilefly
-    from tilefly.ops.topk import configs
-
-    legacy = configs.legacy_plan(case["N"], case["k"])
     x = _make_input(case)
     k = case["k"]
     row = dict(case)
@@ -181,7 +152,7 @@ def _time_case(case: dict, plans: list, errors: list) -> dict:
             torch.use_deterministic_algorithms(False)
     row["variants"] = []
     for plan, err in zip(plans, errors):
-        entry = {"plan": dataclasses.asdict(plan), "kind": plan.kind, "label": _describe(plan, plans[0], legacy),
+        entry = {"plan": dataclasses.asdict(plan), "kind": plan.kind, "label": _describe(plan, plans[0]),
                  "error": err}
         if err is None:
             values, indices = _run_variant(x, k, plan)
@@ -195,13 +166,8 @@ def _time_case(case: dict, plans: list, errors: list) -> dict:
 
 
 def _select(plans: list, case: dict, defaults_only: bool) -> list:
-    """All variants, or (defaults_only) the default plan and the legacy one when it differs."""
-    if not defaults_only:
-        return plans
-    from tilefly.ops.topk import configs
-
-    legacy = configs.legacy_plan(case["N"], case["k"])
-    return plans[:1] + ([legacy] if legacy != plans[0] else [])
+    """All variants, or (defaults_only) the default plan alone."""
+    return plans[:1] if defaults_only else plans
 
 
 def main(argv=None) -> int:
@@ -209,7 +175,7 @@ def main(argv=None) -> int:
     parser.add_argument("--family", default="all", choices=("all", "register", "radix"))
     parser.add_argument("--cases", default=None, help="comma-separated case numbers (rows of topk.csv, from 0)")
     parser.add_argument("--jobs", type=int, default=8, help="compile worker processes")
-    parser.add_argument("--no-variants", action="store_true", help="default and legacy plans only")
+    parser.add_argument("--no-variants", action="store_true", help="default plans only")
     parser.add_argument("--out", default=None, help="JSON file for every timing")
     args = parser.parse_args(argv)
 
@@ -231,19 +197,18 @@ def main(argv=None) -> int:
 
     results = []
     print("| # | family | rows | N | k | ATen µs | ATen det µs | tilefly µs | tilefly det µs | speedup | det speedup "
-          "| legacy µs | best variant | best µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| best variant | best µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         row = _time_case(case, plans[case["index"]], errors[case["index"]])
         results.append(row)
         timed = [v for v in row["variants"] if "us" in v]
         best = min(timed, key=lambda v: v["us"]) if timed else {"label": "none", "us": math.nan}
-        legacy_us = next((v.get("us", math.nan) for v in row["variants"] if v["label"] == "legacy"), math.nan)
         bad = [f"{v['label']}: {v['error']}" for v in row["variants"] if v["error"]]
         print(f"| {case['index']} | {case['family']} | {case['rows']} | {case['N']} | {case['k']} "
               f"| {row['aten_nondet_us']:.1f} | {row['aten_det_us']:.1f} | {row['tilefly_nondet_us']:.1f} "
               f"| {row['tilefly_det_us']:.1f} | {row['aten_nondet_us'] / row['tilefly_nondet_us']:.2f}x "
-              f"| {row['aten_det_us'] / row['tilefly_det_us']:.2f}x | {legacy_us:.1f} | {best['label']} "
+              f"| {row['aten_det_us'] / row['tilefly_det_us']:.2f}x | {best['label']} "
               f"| {best['us']:.1f} |"
               + (f" ERRORS: {bad}" if bad else ""), flush=True)
     for family in ("register", "radix"):
