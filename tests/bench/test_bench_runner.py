@@ -192,3 +192,13 @@ def test_progress_without_tqdm(monkeypatch, capsys):
     cases = [Case(0, "a", {}), Case(1, "b", {})]
     assert list(runner.progress(cases, "suite")) == cases
     assert capsys.readouterr().err.splitlines() == ["[suite] 1/2 a", "[suite] 2/2 b"]
+
+
+def test_flush_mode_defaults_to_read_and_names_the_variable_when_wrong(monkeypatch):
+    monkeypatch.delenv("TILEFLY_BENCH_FLUSH", raising=False)
+    assert timing.flush_mode() == "read" and "MiB read" in timing.FULL.describe()
+    monkeypatch.setenv("TILEFLY_BENCH_FLUSH", "write")
+    assert "MiB write" in timing.QUICK.describe()
+    monkeypatch.setenv("TILEFLY_BENCH_FLUSH", "dirty")
+    with pytest.raises(ValueError, match="TILEFLY_BENCH_FLUSH"):
+        timing.flush_mode()

@@ -8,21 +8,26 @@ How a provider is timed (``measure``):
 2. Estimate: a handful of timed calls give the per-call time, from which the
    number of repetitions follows: at least ``min_reps`` and enough for about
    ``target_ms`` of measured GPU time, at most ``max_reps`` (``--rep N`` fixes it).
-3. Each repetition: flush L2 by writing a 256 MiB buffer, record a CUDA event,
-   call the op, record a second event. All repetitions are queued, then one
-   synchronize; per-call time = elapsed time between the two events.
+3. Each repetition: flush L2 by reading a 256 MiB buffer (>5x L2), record a
+   CUDA event, call the op, record a second event. All repetitions are queued,
+   then one synchronize; per-call time = elapsed time between the two events.
 4. Report the median and the 20th/80th percentiles over the repetitions.
 
 Pitfalls, for whoever reads or changes these numbers:
 
 - **L2 state.** H200's L2 holds 50 MB, so an op whose inputs fit there runs
   from L2 when called back to back and looks faster than it ever is inside a
-  model. Every repetition starts with a cold L2: the flush writes 256 MiB
-  (>5x L2), which also evicts dirty lines of the previous output. Inductor's own
-  autotuning benchmark does not flush, so its pick can differ from ours. The
-  flush leaves L2 full of dirty lines, so the op's first misses also pay their
-  write-back: a few µs that tiny ops (a 1 x 4096 RMSNorm measures ~10 µs on the
-  H200) carry for every provider alike.
+  model. Every repetition starts with a cold L2: the flush reads 256 MiB, which
+  evicts everything (the previous output's dirty lines are written back during
+  the flush, before the start event) and leaves L2 holding clean lines of the
+  flush buffer only. A flush by *writing* (``zero_()``, as triton's do_bench and
+  this harness before 2026-11-30 session 12 did) leaves ~50 MB of dirty lines
+  whose write-back the timed op pays with its first misses, for every provider
+  alike: a 1 x 4096 RMSNorm measured ~10 µs that way on the H200, a GEMM
+  streaming 33 MB of weights ~18 µs (scripts/flush_probe.py compares the two). ``TILEFLY_BENCH_FLUSH=write``
+  restores the old flush, to compare against tables measured with it.
+  Inductor's own autotuning benchmark does not flush, so its pick can differ
+  from ours.
 - **Launch overhead of tiny ops.** Events time the GPU, not the host. The
   flush kernel (~60 µs at ~4 TB/s) is queued before the start event, so the host
   normally has the op launched before the GPU reaches it and launch cost stays
@@ -46,6 +51,7 @@ Pitfalls, for whoever reads or changes these numbers:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,6 +60,15 @@ import torch
 from tilefly.bench.results import percentile
 
 FLUSH_BYTES = 256 * 2**20
+FLUSH_MODES = ("read", "write")
+
+
+def flush_mode() -> str:
+    """How L2 is flushed before each timed call: ``read`` (default) or ``write`` (the old flush)."""
+    mode = os.environ.get("TILEFLY_BENCH_FLUSH", "read")
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"TILEFLY_BENCH_FLUSH={mode!r}: expected one of {', '.join(FLUSH_MODES)}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,7 @@ class Policy:
     def describe(self) -> str:
         reps = f"{self.fixed_reps} reps" if self.fixed_reps is not None else \
             f"max({self.min_reps} reps, ~{self.target_ms:g} ms of op time), at most {self.max_reps} reps"
-        return (f"median of {reps}; CUDA events around each call; L2 flushed ({FLUSH_BYTES >> 20} MiB write) "
+        return (f"median of {reps}; CUDA events around each call; L2 flushed ({FLUSH_BYTES >> 20} MiB {flush_mode()}) "
                 f"before each; {self.warmup_calls} warm-up calls first (compile and autotuning excluded); "
                 "clocks not locked")
 
@@ -93,22 +108,28 @@ class Timing:
     reps: int
 
 
-_flush_buffers: dict[torch.device, torch.Tensor] = {}
+_flush_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    buf = _flush_buffers.get(device)
-    if buf is None:
-        buf = _flush_buffers[device] = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
-    return buf
+def _flusher(device: torch.device) -> Callable[[], Any]:
+    """A call that leaves L2 cold (see the module docstring): a read of the whole flush buffer
+    into one element, or, with TILEFLY_BENCH_FLUSH=write, a write of it."""
+    pair = _flush_buffers.get(device)
+    if pair is None:
+        buf = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+        pair = _flush_buffers[device] = (buf, torch.empty((), dtype=torch.float32, device=device))
+    buf, sink = pair
+    if flush_mode() == "write":
+        return buf.zero_
+    return lambda: torch.sum(buf, out=sink)
 
 
 def _timed_calls(fn: Callable[[], Any], reps: int, device: torch.device) -> list[float]:
-    flush = _flush_buffer(device)
+    flush = _flusher(device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
-        flush.zero_()
+        flush()
         start.record()
         fn()
         end.record()
