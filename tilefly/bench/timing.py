@@ -23,8 +23,11 @@ Pitfalls, for whoever reads or changes these numbers:
   flush buffer only. A flush by *writing* (``zero_()``, as triton's do_bench and
   this harness before 2026-11-30 session 12 did) leaves ~50 MB of dirty lines
   whose write-back the timed op pays with its first misses, for every provider
-  alike: a 1 x 4096 RMSNorm measured ~10 µs that way on the H200, a GEMM
-  streaming 33 MB of weights ~18 µs (scripts/flush_probe.py compares the two). ``TILEFLY_BENCH_FLUSH=write``
+  alike. H200, ATen, write flush against read flush (scripts/flush_probe.py,
+  2026-11-30): fp16 8192 x 4096 RMSNorm 45.9 against 42.5 µs, a 16 x 4096 x
+  4096 mm (33.5 MB of weights) 18.9 against 15.5 µs, a 256 MiB copy 129.8
+  against 127.1 µs; a 1 x 4096 RMSNorm 10.3 against 10.8 µs (its ~10 µs is not
+  write-back). ``TILEFLY_BENCH_FLUSH=write``
   restores the old flush, to compare against tables measured with it.
   Inductor's own autotuning benchmark does not flush, so its pick can differ
   from ours.
@@ -121,7 +124,7 @@ def _flusher(device: torch.device) -> Callable[[], Any]:
     buf, sink = pair
     if flush_mode() == "write":
         return buf.zero_
-    return lambda: torch.sum(buf, out=sink)
+    return lambda: torch.sum(buf, dim=0, out=sink)
 
 
 def _timed_calls(fn: Callable[[], Any], reps: int, device: torch.device) -> list[float]:
