@@ -37,8 +37,7 @@ def _narrow_last(t, width):
 
 
 REFUSALS = [
-    ("bwd", lambda q, k, v: (q, k, v), "forward only"),
-    ("backward", lambda q, k, v: (q, k, v), "forward only"),
+    ("sideways", lambda q, k, v: (q, k, v), "direction"),
     ("fwd", lambda q, k, v: (q.float(), k.float(), v.float()), "FP16 or BF16"),
     ("fwd", lambda q, k, v: (q, k.half(), v), "FP16 or BF16"),
     ("fwd", lambda q, k, v: (q[0], k[0], v[0]), "must be 4-D"),
@@ -46,7 +45,7 @@ REFUSALS = [
     ("fwd", lambda q, k, v: (q, k[:1], v[:1]), "disagree"),
     ("fwd", lambda q, k, v: (q, k[:, :3], v[:, :3]), "not a multiple of k/v heads"),
     ("fwd", lambda q, k, v: (q[:, :, :0], k, v), "empty"),
-    ("fwd", lambda q, k, v: tuple(torch.randn(1, 2, 8, 512, dtype=BF16) for _ in range(3)), "head dim 512"),
+    ("bwd", lambda q, k, v: tuple(torch.randn(1, 2, 8, 512, dtype=BF16) for _ in range(3)), "head dim 512"),
     ("fwd", lambda q, k, v: tuple(torch.randn(1, 2, 8, 80, dtype=BF16) for _ in range(3)), "head dim 80"),
     ("fwd", lambda q, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v), "contiguous last"),
     ("fwd", lambda q, k, v: (q, _narrow_last(k, 68), v), "multiples of 16 bytes"),
@@ -89,22 +88,19 @@ def test_served_layouts(hopper, case, d):
         assert desc.block_shape == [1, 1, 64, kd] and all(s * 2 % 16 == 0 for s in desc.strides[:-1])
 
 
-def test_backward_is_not_built():
-    with pytest.raises(NotImplementedError):
-        kernels.backward(*([None] * 9))
-
-
 # ---- CPU: configs ----------------------------------------------------------------------------
 
 def test_config_names_and_what_they_serve():
-    assert kernels.CONFIGS == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p")
-    for name in kernels.CONFIGS:
+    """Forward configs here; the backward's (also in kernels.CONFIGS) in test_attention_bwd.py."""
+    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p")
+    assert kernels.CONFIGS[:len(configs.FWD_CONFIGS)] == tuple(configs.FWD_CONFIGS)
+    for name in configs.FWD_CONFIGS:
         cfg = configs.FWD_CONFIGS[name]
         assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}"
         assert cfg.num_warps == cfg.block_m // 16
     # Every served head dim has a config, and the defaults serve what they are picked for.
     for d in configs.HEAD_DIMS:
-        assert any(configs.FWD_CONFIGS[n].serves(d) for n in kernels.CONFIGS)
+        assert any(cfg.serves(d) for cfg in configs.FWD_CONFIGS.values())
         for sq in (1, 64, 65, 4096):
             assert kernels.config_for(None, d, sq).serves(d)
     assert not configs.FWD_CONFIGS["m128n128"].serves(192) and not configs.FWD_CONFIGS["m128n128p"].serves(192)
@@ -133,7 +129,7 @@ def test_slot_loads_the_kernel_module():
 
 
 def test_compile_specs_cover_every_config_dtype_head_dim_and_mask():
-    specs = configs.compile_specs()
+    specs = [s for s in configs.compile_specs() if s.name.startswith("attention.fwd.")]
     names = [s.name for s in specs]
     assert len(set(names)) == len(names)
     expected = {(cfg.name, dtype, d, causal) for cfg in configs.FWD_CONFIGS.values() for dtype in ("bf16", "fp16")
@@ -235,7 +231,7 @@ def test_forward_fp16(d, causal):
 @pytest.mark.parametrize("sq,sk", [(77, 1000), (1000, 1000), (200, 64)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [32, 96, 256])
-@pytest.mark.parametrize("cfg", kernels.CONFIGS)
+@pytest.mark.parametrize("cfg", list(configs.FWD_CONFIGS))
 def test_every_config(cfg, d, causal, sq, sk):
     if not configs.FWD_CONFIGS[cfg].serves(d):
         pytest.skip(f"{cfg} does not serve head dim {d}")
@@ -352,3 +348,16 @@ def test_router_serves_the_forward_and_stock_backward_takes_its_lse(tilefly_forw
     for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), ref_grads):
         err = ((got.double() - want).norm() / want.norm()).item()
         assert err < 2e-2, f"d{name}: {err}"
+
+
+def test_configs_for_a_head_dim_are_only_those_that_serve_it():
+    """What the tuner times per workload: a config of another head dim would only run a default."""
+    assert kernels.configs_for("fwd", 512) == configs.FWD512_CONFIG_NAMES
+    for d in (32, 64, 96, 128, 192, 256):
+        fwd = kernels.configs_for("fwd", d)
+        assert fwd and not set(fwd) & set(configs.FWD512_CONFIG_NAMES)
+        assert all(configs.FWD_CONFIGS[name].serves(d) for name in fwd)
+        bwd = kernels.configs_for("bwd", d)
+        assert bwd and all(configs.BWD_CONFIGS[name].serves(d) for name in bwd)
+    assert "bwd128x64" not in kernels.configs_for("bwd", 256)
+    assert kernels.configs_for("sideways", 64) == ()

@@ -16,10 +16,9 @@ decides the two directions separately).
   through its captured original kernel, never through the dispatcher (which would
   re-enter tilefly's override of that op).
 - ``TileflyFA``: tilefly's own flash-attention kernels. The module
-  ``tilefly.ops.attention.kernels`` provides them (CONFIGS, unsupported, forward,
-  backward with the signatures above; forward only so far, backward is refused in
-  ``unsupported``); without that module every call gets the reason
-  "tilefly attention kernels not built yet".
+  ``tilefly.ops.attention.kernels`` provides them (CONFIGS, configs_for, unsupported,
+  forward, backward with the signatures above; what each serves is in ``unsupported``);
+  without that module every call gets the reason "tilefly attention kernels not built yet".
 """
 from __future__ import annotations
 
@@ -157,9 +156,14 @@ class TileflyFA:
         kernels, reason = self._load()
         return reason
 
-    def configs(self) -> tuple[str, ...]:
+    def configs(self, direction: str | None = None, head_dim: int | None = None) -> tuple[str, ...]:
+        """Config names (all, or those serving ``direction`` and ``head_dim``)."""
         kernels, _ = self._load()
-        return tuple(getattr(kernels, "CONFIGS", ())) if kernels else ()
+        if not kernels:
+            return ()
+        if direction is None:
+            return tuple(getattr(kernels, "CONFIGS", ()))
+        return kernels.configs_for(direction, head_dim)
 
     def unsupported(self, q, k, v, causal: bool, direction: str) -> str | None:
         kernels, reason = self._load()

@@ -6,7 +6,7 @@ backend ops themselves, forward and backward, on the CUDA key:
 ``_scaled_dot_product_{cudnn,flash,efficient}_attention[_backward]``. Each op gets two
 implementations, tried in order:
 
-    tilefly_fa     tilefly's own kernel, where the database says it wins (forward only so far)
+    tilefly_fa     tilefly's own kernels, where the database says they win
     sdpa_reroute   another stock backend, where the database says it beats this op's kernel
 
 and otherwise the op's own kernel runs, as without tilefly. Forward and backward are

@@ -5,13 +5,11 @@ Served (first failing row gives the reason; the router then keeps or reroutes to
 
     | condition                                         | reason                                    |
     |---------------------------------------------------|-------------------------------------------|
-    | direction is backward                             | forward only: stock backward kernels take |
-    |                                                   |   this forward's out and lse              |
+    | direction not fwd/forward/bwd/backward            | direction                                 |
     | dtype not FP16/BF16, or q, k, v dtypes differ     | dtype                                     |
     | not 4-D, batch/heads/lengths disagree, Hq % Hkv   | layout                                    |
     | empty batch, heads or sequence                    | empty                                     |
-    | head dim 512                                      | needs the split-accumulator kernel        |
-    | head dim not 32, 64, 96, 128, 192 or 256          | head dim                                  |
+    | head dim not 32, 64, 96, 128, 192, 256 or 512     | head dim                                  |
     | last dim not contiguous, other strides or base    | TMA                                       |
     |   not 16-byte aligned                             |                                           |
     | B * Hq > 65535                                    | grid                                      |
@@ -23,6 +21,16 @@ Causal is PyTorch's top-left mask (row i sees keys 0..i), also when Sq != Sk.
 
 The output is allocated like ``q`` (``empty_like``: what the flash and cuDNN ops return; the
 router copies into the efficient op's B x S x H x D); lse is B x Hq x Sq float32 contiguous.
+
+Backward (kernels_bwd.py) takes any implementation's out (any strides) and canonical lse, and
+grad_out in any layout (copied to a contiguous one when TMA cannot read it, e.g. the stride-0
+gradient of a sum); dq, dk and dv are allocated like q, k and v.
+
+Configs: one name space (``CONFIGS``) holds the forward configs ``m..n..`` and the backward
+configs ``bwd..x..`` (configs.py), because the tuner pairs one config name with both calls when
+it times a backward. A backward config named to ``forward`` runs the default forward config; a
+forward config named to ``backward`` is refused (ValueError). ``configs_for(direction)`` lists the
+names that choose a kernel in one direction.
 """
 from __future__ import annotations
 
@@ -32,14 +40,17 @@ import math
 import torch
 
 from tilefly import _device
-from tilefly.ops.attention.configs import (CONFIGS, FWD_CONFIGS, HEAD_DIMS, FwdConfig,  # noqa: F401 - CONFIGS
-                                           default_config, kernel_head_dim)
+from tilefly.ops.attention.configs import FWD512_CONFIG_NAMES
+from tilefly.ops.attention.configs import (BWD_CONFIGS, CONFIGS, FWD_CONFIGS,  # noqa: F401 - CONFIGS
+                                           HEAD_DIMS, BwdConfig, FwdConfig, default_bwd_config, default_config,
+                                           delta_blocks, dkdv_chunk, kernel_head_dim)
 
 DTYPES = (torch.float16, torch.bfloat16)
 TMA_ALIGN = 16
 MAX_GRID_Y = 65535
 LOG2E = 1.4426950408889634
 FORWARD = ("fwd", "forward")
+BACKWARD = ("bwd", "backward")
 
 
 def _tma_reason(name: str, t: torch.Tensor) -> str | None:
@@ -54,8 +65,8 @@ def _tma_reason(name: str, t: torch.Tensor) -> str | None:
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, direction: str) -> str | None:
-    if direction not in FORWARD:
-        return "tilefly attention serves the forward only; stock backward kernels take its out and lse"
+    if direction not in FORWARD and direction not in BACKWARD:
+        return f"direction {direction!r}: tilefly attention serves fwd and bwd"
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: tilefly attention takes FP16 or BF16 q, k, v alike"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -67,10 +78,10 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         return "empty batch, heads or sequence"
     if hq % hk:
         return f"q heads ({hq}) are not a multiple of k/v heads ({hk})"
-    if d == 512:
-        return "head dim 512 needs the split-accumulator kernel (not built yet)"
-    if d not in HEAD_DIMS:
-        return f"head dim {d}: tilefly attention serves {', '.join(map(str, HEAD_DIMS))}"
+    if d == 512 and direction in BACKWARD:
+        return "head dim 512: tilefly's split-accumulator kernel is forward only (no backward yet)"
+    if d not in HEAD_DIMS and d != 512:
+        return f"head dim {d}: tilefly attention serves {', '.join(map(str, HEAD_DIMS))} and 512"
     for name, t in (("q", q), ("k", k), ("v", v)):
         reason = _tma_reason(name, t)
         if reason:
@@ -80,8 +91,26 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return _device.hopper_reason(q)
 
 
+def configs_for(direction: str, head_dim: int | None = None) -> tuple[str, ...]:
+    """The config names that select a kernel in ``direction`` (what a tuner should time there),
+    only those that serve ``head_dim`` when it is given."""
+    if direction in FORWARD:
+        if head_dim is None:
+            return tuple(FWD_CONFIGS) + FWD512_CONFIG_NAMES
+        if head_dim == 512:
+            return FWD512_CONFIG_NAMES
+        return tuple(name for name, cfg in FWD_CONFIGS.items() if cfg.serves(head_dim))
+    if direction in BACKWARD:
+        return tuple(name for name, cfg in BWD_CONFIGS.items() if head_dim is None or cfg.serves(head_dim))
+    return ()
+
+
 def config_for(config: str | None, head_dim: int, sq: int) -> FwdConfig:
-    cfg = FWD_CONFIGS[config] if config is not None else default_config(head_dim, sq)
+    if config in FWD512_CONFIG_NAMES:
+        raise ValueError(f"attention config {config} serves head dim 512 only")
+    if config is not None and config not in FWD_CONFIGS and config not in BWD_CONFIGS:
+        raise ValueError(f"unknown attention config {config!r}")
+    cfg = FWD_CONFIGS[config] if config in FWD_CONFIGS else default_config(head_dim, sq)
     if not cfg.serves(head_dim):
         raise ValueError(f"attention config {cfg.name} does not serve head dim {head_dim}")
     return cfg
@@ -119,6 +148,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     """(out B x Hq x Sq x D like q, lse B x Hq x Sq float32 or None). The caller checked unsupported().
     ``out`` / ``lse`` given: written in place (out: q's shape and dtype, TMA-legal strides; lse:
     contiguous float32)."""
+    if q.shape[-1] == 512:
+        from tilefly.ops.attention.kernels_fwd512 import forward512
+
+        # As below, a backward config named to the forward runs the default forward config.
+        return forward512(q, k, v, causal, scale, need_lse, None if config in BWD_CONFIGS else config,
+                          out=out, lse=lse)
     from tilefly.ops.attention.kernels_fwd import attention_fwd_kernel
 
     b, hq, sq, d = q.shape
@@ -147,5 +182,70 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     return out, lse
 
 
-def backward(grad_out, q, k, v, out, lse, causal, scale, config=None):
-    raise NotImplementedError("tilefly attention has no backward kernel yet (unsupported() says so)")
+def bwd_config_for(config: str | None, head_dim: int, sk: int) -> BwdConfig:
+    if config is not None and config not in BWD_CONFIGS:
+        raise ValueError(f"attention config {config!r} is not a backward config ({', '.join(BWD_CONFIGS)})")
+    cfg = BWD_CONFIGS[config] if config is not None else default_bwd_config(head_dim, sk)
+    if not cfg.serves(head_dim):
+        raise ValueError(f"attention config {cfg.name} does not serve head dim {head_dim}")
+    return cfg
+
+
+def _tma_legal_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor like t (its strides when TMA can write them, else contiguous)."""
+    out = torch.empty_like(t)
+    return out if _tma_reason("grad", out) is None else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, causal: bool, scale: float | None, config: str | None = None, *,
+             grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped like q, k, v in their dtype. The caller checked unsupported(q, k, v, causal, "bwd");
+    ``out`` is the forward's output (any strides), ``lse`` the canonical B x Hq x Sq log-sum-exp.
+    ``grads`` given: (dq, dk, dv) written in place (shapes and dtypes of q, k, v, TMA-legal strides)."""
+    from tilefly.ops.attention.kernels_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel,
+                                                   attention_bwd_dq_kernel)
+
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    if grad_out.shape != q.shape or out.shape != q.shape:
+        raise ValueError(f"grad_out {tuple(grad_out.shape)} and out {tuple(out.shape)} must be shaped like q "
+                         f"{tuple(q.shape)}")
+    if lse.shape != (b, hq, sq):
+        raise ValueError(f"lse must be {(b, hq, sq)}, got {tuple(lse.shape)}")
+    cfg = bwd_config_for(config, d, sk)
+    kd = kernel_head_dim(d)
+    grad_out = grad_out.to(q.dtype)
+    if _tma_reason("grad_out", grad_out):
+        grad_out = grad_out.contiguous()
+    if _tma_reason("out", out):   # the delta kernel loads rows as 16-byte vectors
+        out = out.contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if grads is None:
+        grads = (_tma_legal_like(q), _tma_legal_like(k), _tma_legal_like(v))
+    for name, g, like in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        if g.shape != like.shape or g.dtype != like.dtype or _tma_reason(name, g):
+            raise ValueError(f"{name} {tuple(g.shape)} {g.dtype} strides {g.stride()} cannot take this gradient")
+    dq, dk, dv = grads
+    delta = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    block_s, block_d = delta_blocks(d)
+    stages = cfg.stages(kd)
+    chunk = dkdv_chunk(d)
+    scalars = (lse, delta, scale * LOG2E, scale, sq, sk, hq, hq // hk)
+    with torch.cuda.device(q.device):
+        attention_bwd_delta_kernel[(-(-sq // block_s), b * hq)](
+            out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3], BLOCK_S=block_s,
+            BLOCK_D=block_d)
+        attention_bwd_dkdv_kernel[(-(-sk // cfg.rows) * (kd // chunk), b * hk)](
+            _descriptor(q, cfg.step, chunk), _descriptor(k, cfg.rows, chunk), _descriptor(v, cfg.rows, chunk),
+            _descriptor(grad_out, cfg.step, chunk), _descriptor(dk, cfg.rows, chunk), _descriptor(dv, cfg.rows, chunk),
+            *scalars, BLOCK_N=cfg.rows, BLOCK_M=cfg.step, HEAD_DIM=kd, STAGES=stages, CAUSAL=bool(causal),
+            num_warps=cfg.num_warps)
+        attention_bwd_dq_kernel[(-(-sq // cfg.rows), b * hq)](
+            _descriptor(q, cfg.rows, kd), _descriptor(k, cfg.step, kd), _descriptor(v, cfg.step, kd),
+            _descriptor(grad_out, cfg.rows, kd), _descriptor(dq, cfg.rows, kd),
+            *scalars, BLOCK_M=cfg.rows, BLOCK_N=cfg.step, HEAD_DIM=kd, STAGES=stages, CAUSAL=bool(causal),
+            num_warps=cfg.num_warps)
+    return dq, dk, dv

@@ -196,9 +196,13 @@ class GpuMeasure:
     def time_us(self, fn: Callable[[], Any]) -> float:
         return self._measure(fn, self.policy).median_us
 
-    def _impls(self) -> list[tuple[str, Any, str | None]]:
+    def _impls(self, direction: str | None = None, head_dim: int | None = None) -> list[tuple[str, Any, str | None]]:
+        """Stock backends, then tilefly's configs (those serving ``direction`` and ``head_dim``
+        when given: a config of the other direction or head dims would only time a default)."""
         out = [(b, backends.stock(b), None) for b in database.BACKENDS]
-        out += [(database.impl_id(backends.TileflyFA.name, c), backends.TILEFLY_FA, c) for c in self.tilefly_configs]
+        if self.tilefly_configs:
+            names = self.tilefly_configs if direction is None else backends.TILEFLY_FA.configs(direction, head_dim)
+            out += [(database.impl_id(backends.TileflyFA.name, c), backends.TILEFLY_FA, c) for c in names]
         return out
 
     def __call__(self, w: Workload) -> list[dict]:
@@ -222,7 +226,7 @@ class GpuMeasure:
     def _forward(self, w: Workload, q, k, v) -> dict:
         default, allowed = self._allowed(w, q, k, v, grad=False)
         native, outputs, rejected = {}, {}, {}
-        for impl_id, impl, cfg in self._impls():
+        for impl_id, impl, cfg in self._impls("fwd", w.head_dim):
             runs = impl_id in allowed if cfg is None else impl.unsupported(q, k, v, w.causal, "fwd") is None
             if not runs:
                 continue
@@ -246,7 +250,7 @@ class GpuMeasure:
         default, allowed = self._allowed(w, q, k, v, grad=True)
         grad_out = torch.randn_like(q)
         native, outputs, rejected, saved = {}, {}, {}, {}
-        for impl_id, impl, cfg in self._impls():
+        for impl_id, impl, cfg in self._impls("bwd", w.head_dim):
             runs = impl_id in allowed if cfg is None else impl.unsupported(q, k, v, w.causal, "bwd") is None
             if not runs:
                 continue

@@ -1,0 +1,237 @@
+"""tilefly's head-dim-512 flash-attention forward (tilefly.ops.attention.kernels_fwd512): on CPU,
+its configs and compile specs, every spec compiled for sm_90a without spills or serialized
+wgmmas, and the launcher's refusals; on the H200, output and log-sum-exp against a float64 math
+reference (causal and not, Sq != Sk, GQA, tails, scale, NaN, strided layouts)."""
+import math
+import os
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from tilefly.ops.attention import configs, kernels_fwd512  # noqa: E402 - needs triton
+
+BF16 = torch.bfloat16
+
+
+# ---- CPU: configs and compile specs ----------------------------------------------------------
+
+def test_configs_and_their_names():
+    assert kernels_fwd512.CONFIGS == ("d512n64", "d512n32")
+    assert kernels_fwd512.DEFAULT_CONFIG in kernels_fwd512.CONFIGS
+    for name, cfg in kernels_fwd512.FWD512_CONFIGS.items():
+        assert name == f"d512n{cfg.block_n}"
+        # Q plus the K and V rings fit one block's shared memory, leaving room for the scratch.
+        ring = 2 * cfg.stages * cfg.block_n * 512 * 2
+        assert kernels_fwd512.BLOCK_M * 512 * 2 + ring <= configs.SMEM_LIMIT - 16 * 1024
+    # No name is shared with the head dims 32..256 configs (the database names kernels by config).
+    assert not set(kernels_fwd512.CONFIGS) & set(configs.FWD_CONFIGS)
+
+
+def test_configs_py_lists_the_same_names_and_ships_the_specs():
+    names = getattr(configs, "FWD512_CONFIG_NAMES", None)
+    if names is None:
+        pytest.skip("configs.py does not list the head-dim-512 configs yet")
+    assert names == kernels_fwd512.CONFIGS
+    assert {s.name for s in kernels_fwd512.compile_specs()} <= {s.name for s in configs.compile_specs()}
+
+
+def test_compile_specs_cover_every_config_dtype_and_mask():
+    specs = kernels_fwd512.compile_specs()
+    names = [s.name for s in specs]
+    assert len(set(names)) == len(names) == 8
+    got = {(s.constexprs["BLOCK_N"], s.signature["q_desc"].split("[")[0], s.constexprs["CAUSAL"]) for s in specs}
+    assert got == {(cfg.block_n, f"tensordesc<{dtype}", causal) for cfg in kernels_fwd512.FWD512_CONFIGS.values()
+                   for dtype in ("bf16", "fp16") for causal in (False, True)}
+    for s in specs:
+        assert s.num_warps == 8 and s.gluon and "HGMMA" in s.sass_must_contain and s.constexprs["HEAD_DIM"] == 512
+        assert all(f"[1, 1, {rows}, 512]" in s.signature[d] for d, rows in
+                   (("q_desc", 64), ("o_desc", 64), ("k_desc", s.constexprs["BLOCK_N"]),
+                    ("v_desc", s.constexprs["BLOCK_N"])))
+
+
+@pytest.mark.parametrize("spec", kernels_fwd512.compile_specs(), ids=lambda s: s.name)
+def test_every_spec_compiles_for_sm90a_without_spills(spec):
+    from tilefly.compile_check import compile_one
+
+    result = compile_one(spec)
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0, result.row()
+    assert result.shared <= configs.SMEM_LIMIT, result.row()
+
+
+@pytest.mark.parametrize("config", ["d512n64", "d512n32"])
+def test_wgmmas_are_not_serialized(config):
+    """ptxas serializes every wgmma of a kernel (warning C7514) when other instructions touch an
+    accumulator while its wgmma is in flight; the head-dim loop of Q K^T keeps one in flight."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    spec = kernels_fwd512.spec(kernels_fwd512.FWD512_CONFIGS[config], "bf16", True)
+    src = GluonASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"],
+                                capture_output=True, text=True, check=True).stderr
+    assert "Used" in report and "C7514" not in report, report
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("config", ["d512n64", "d512n32"])
+def test_launcher_descriptors_match_the_compiled_specs(config, layout):
+    """The descriptors forward512 builds (boxes, swizzled layouts) are the ones the specs compile."""
+    from tilefly.ops.attention import kernels
+
+    cfg = kernels_fwd512.FWD512_CONFIGS[config]
+    t = torch.randn(2, 3, 100, 512, dtype=BF16)
+    if layout == "bshd":
+        t = t.transpose(1, 2).contiguous().transpose(1, 2)
+    for dtype, torch_dtype in (("bf16", BF16), ("fp16", torch.float16)):
+        sig, _ = kernels_fwd512.kernel_signature(cfg, dtype, False)
+        for name, rows in (("q_desc", 64), ("k_desc", cfg.block_n), ("v_desc", cfg.block_n), ("o_desc", 64)):
+            desc = kernels._descriptor(t.to(torch_dtype), rows, 512)
+            assert sig[name] == f"tensordesc<{dtype}[{', '.join(map(str, desc.block_shape))}],{desc.layout!r}>"
+
+
+# ---- CPU: what the launcher refuses before any launch --------------------------------------
+
+def _cpu(d=512, sq=8):
+    return [torch.randn(1, 2, sq, d, dtype=BF16) for _ in range(3)]
+
+
+def test_refuses_other_head_dims():
+    with pytest.raises(ValueError, match="head dim 512, not 256"):
+        kernels_fwd512.forward512(*_cpu(d=256), False, None, True)
+
+
+def test_refuses_configs_of_other_head_dims():
+    with pytest.raises(ValueError, match="m128n64 does not serve head dim 512"):
+        kernels_fwd512.forward512(*_cpu(), False, None, True, "m128n64")
+
+
+def test_refuses_outputs_it_cannot_write():
+    q, k, v = _cpu()
+    with pytest.raises(ValueError, match="cannot take this output"):
+        kernels_fwd512.forward512(q, k, v, False, None, True, out=torch.empty_like(q, dtype=torch.float16))
+    with pytest.raises(ValueError, match="lse must be"):
+        kernels_fwd512.forward512(q, k, v, False, None, True, lse=torch.empty(1, 2, 9))
+
+
+# ---- GPU: forward against float64 ------------------------------------------------------------
+
+def _reference(q, k, v, causal, scale=None):
+    """float64 math attention: output and log-sum-exp (B x Hq x Sq), top-left causal mask."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    s = (qd @ kd.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[..., None]) @ vd, lse
+
+
+def _inputs(b, hq, hk, sq, sk, dtype=BF16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(b, h, s, 512, device="cuda", dtype=dtype, generator=g)
+            for h, s in ((hq, sq), (hk, sk), (hk, sk))]
+
+
+def _poisoned(q):
+    b, h, s, _ = q.shape
+    return torch.full_like(q, float("nan")), torch.full((b, h, s), float("nan"), device=q.device)
+
+
+def _check(q, k, v, causal, scale=None, config=None, out=None):
+    out_, lse = _poisoned(q)
+    out = out_ if out is None else out.fill_(float("nan"))
+    got, got_lse = kernels_fwd512.forward512(q, k, v, causal, scale, True, config, out=out, lse=lse)
+    assert got is out and got_lse is lse
+    ref, ref_lse = _reference(q, k, v, causal, scale)
+    tol = 2e-2 if q.dtype == BF16 else 4e-3
+    torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+LENGTHS = [(s, s) for s in (1, 17, 77, 128, 300)] + [(17, 300), (300, 77), (1, 128), (128, 17), (77, 1)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sq,sk", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,h", [(1, 1), (2, 3)])
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_forward_matches_float64(config, b, h, causal, sq, sk):
+    _check(*_inputs(b, h, h, sq, sk), causal, config=config)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_forward_fp16(config, causal):
+    _check(*_inputs(2, 3, 3, 300, 500, torch.float16), causal, config=config)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hq,hk", [(6, 2), (8, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_grouped_query_attention(config, hq, hk, causal):
+    _check(*_inputs(2, hq, hk, 333, 333), causal, config=config)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("scale", [0.01, 0.3, 2.0])
+def test_scale(scale):
+    _check(*_inputs(2, 3, 3, 150, 260), True, scale=scale)
+
+
+@pytest.mark.cuda
+def test_long_sequences():
+    _check(*_inputs(1, 2, 2, 1000, 1000), True)
+    _check(*_inputs(1, 2, 2, 129, 1000), False)
+
+
+@pytest.mark.cuda
+def test_bshd_inputs_and_a_strided_out():
+    """Projection outputs (B x S x H x D in memory) are read in place; out may be any TMA-legal
+    view (here the efficient op's B x S x H x D), and by default is laid out like q."""
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in _inputs(2, 4, 2, 129, 257))
+    out, lse = kernels_fwd512.forward512(q, k, v, False, None, True)
+    assert out.stride() == q.stride() and lse.is_contiguous() and lse.shape == q.shape[:3]
+    bshd = torch.empty(2, 129, 4, 512, device="cuda", dtype=BF16).transpose(1, 2)
+    _check(q, k, v, True, out=bshd)
+
+
+@pytest.mark.cuda
+def test_without_lse():
+    q, k, v = _inputs(1, 2, 2, 100, 100)
+    out, lse = kernels_fwd512.forward512(q, k, v, True, None, False)
+    assert lse is None
+    torch.testing.assert_close(out.double(), _reference(q, k, v, True)[0], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_nan_in_q_propagates_like_pytorch(config, causal):
+    """A NaN in a query row makes that row (output and lse) NaN, as PyTorch's math attention
+    does; every other row stays exact."""
+    q, k, v = _inputs(2, 2, 2, 150, 150)
+    q[1, 0, 70, 5] = float("nan")
+    out, lse = _poisoned(q)
+    kernels_fwd512.forward512(q, k, v, causal, None, True, config, out=out, lse=lse)
+    ref, ref_lse = _reference(q, k, v, causal)
+    math_out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    assert torch.equal(torch.isnan(out), torch.isnan(math_out)) and torch.isnan(out).any()
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse)) and torch.isnan(lse).sum() == 1
+    ok = ~torch.isnan(ref)
+    torch.testing.assert_close(out.double()[ok], ref[ok], atol=2e-2, rtol=2e-2)
