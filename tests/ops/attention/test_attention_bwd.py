@@ -231,21 +231,37 @@ def _rms_rows(t):
     return t.norm(dim=-1).pow(2).mean().sqrt()
 
 
-def _assert_grads_close(got, want, dtype):
-    """Row by row (a wrong tail row or masked tile cannot hide in a global norm) and overall. A row's
-    error is relative to its own norm plus a floor (a quarter of the rms row norm, and 1% of dv's),
-    because some exact gradients vanish (dq of causal row 0, dk of keys no query sees)."""
+def _row_errors(got, want, dv_scale):
+    """Each row's error relative to its own norm plus a floor (a quarter of the rms row norm, and 1%
+    of dv's), because some exact gradients vanish (dq of causal row 0, dk of keys no query sees)."""
+    floor = 0.25 * _rms_rows(want) + 0.01 * dv_scale
+    return (got.double() - want).norm(dim=-1) / (want.norm(dim=-1) + floor)
+
+
+def _stock_grads(q, k, v, grad_out, causal, scale=None):
+    """PyTorch's own SDPA gradients of the same FP16/BF16 inputs (its default backend, tilefly off)."""
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    out.backward(grad_out)
+    return qs.grad, ks.grad, vs.grad
+
+
+def _assert_grads_close(got, want, dtype, stock=None):
+    """Row by row (a wrong tail row or masked tile cannot hide in a global norm) and overall. A row
+    passes within the dtype's tolerance or within twice PyTorch's own error on that tensor: where
+    softmax is peaked (large scale, causal rows that see a few keys) dP - delta cancels and every
+    FP16/BF16 kernel loses the same bits."""
     row_tol, total_tol = (6e-2, 1e-2) if dtype == BF16 else (1.5e-2, 2e-3)
     dv_scale = _rms_rows(want[2])
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+    for i, (name, g, w) in enumerate(zip(("dq", "dk", "dv"), got, want)):
         assert g.shape == w.shape and not torch.isnan(g).any(), f"{name}: NaN (an element left unwritten?)"
-        err = (g.double() - w)
-        floor = 0.25 * _rms_rows(w) + 0.01 * dv_scale
-        rows = err.norm(dim=-1) / (w.norm(dim=-1) + floor)
+        rows = _row_errors(g, w, dv_scale)
+        allowed = row_tol if stock is None else max(row_tol, 2 * _row_errors(stock[i], w, dv_scale).max().item())
         worst = rows.argmax()
-        where = tuple(int(i) for i in torch.unravel_index(worst, rows.shape))
-        assert rows.max() < row_tol, f"{name}: row {where} (b, h, s) off by {rows.max():.3g}"
-        total = (err.norm() / (w.norm() + 0.01 * want[2].norm())).item()
+        where = tuple(int(j) for j in torch.unravel_index(worst, rows.shape))
+        assert rows.max() < allowed, f"{name}: row {where} (b, h, s) off by {rows.max():.3g} (allowed {allowed:.3g})"
+        total = ((g.double() - w).norm() / (w.norm() + 0.01 * want[2].norm())).item()
         assert total < total_tol, f"{name}: relative error {total:.3g}"
 
 
@@ -257,7 +273,8 @@ def _check(q, k, v, causal, scale=None, config=None, grad_out=None):
     poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     got = kernels.backward(grad_out, q, k, v, out, lse, causal, scale, config, grads=poisoned)
     assert all(g is p for g, p in zip(got, poisoned))
-    _assert_grads_close(got, _reference_grads(q, k, v, grad_out, causal, scale), q.dtype)
+    _assert_grads_close(got, _reference_grads(q, k, v, grad_out, causal, scale), q.dtype,
+                        _stock_grads(q, k, v, grad_out, causal, scale))
 
 
 LENGTHS = [(s, s) for s in (1, 17, 77, 128, 1000)] + [(17, 1000), (1000, 77), (1, 128), (128, 17)]

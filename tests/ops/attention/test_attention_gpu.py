@@ -331,6 +331,11 @@ def test_tuner_measures_valid_entries():
         assert [e["direction"] for e in entries] == ["fwd", "bwd"]
         for e in entries:
             assert database.validate_entry(e) is None, e
+            if w.head_dim == 512 and w.gqa and e["direction"] == "bwd":
+                # no fused backward runs head dim 512 with GQA (tilefly's 512 kernel is forward only,
+                # the efficient kernel takes no GQA): PyTorch's math path, nothing to time
+                assert e["default"] == "math" and not e["times_us"], e
+                continue
             assert e["times_us"], f"nothing was measured: {e}"
             if e["default"] in database.BACKENDS:
                 assert e["default"] in e["times_us"], e
