@@ -3,7 +3,9 @@
 Registration only: ``aten::_scaled_mm_v2`` (what ``F.scaled_mm`` calls; on torch 2.11 also an
 eager fallback inside compiled graphs) and the legacy ``aten::_scaled_mm`` go through the router;
 non-MX calls stay ATen's. See eligibility.py (the predicate and its error messages), eager.py
-(the ops), launch.py (host side), configs.py, kernels.py (Gluon) and bench.py.
+(the ops), launch.py (host side), configs.py, kernels.py (Gluon, v1: one 32-K block a ring slot,
+synchronous wgmma), kernels_v2.py (Gluon, v2: 128-K slots, async wgmma with the block-scale
+promotion overlapped, PRMT FP4 unpack) and bench.py.
 """
 from tilefly import _dispatch
 from tilefly.ops.mx_gemm import eager, eligibility

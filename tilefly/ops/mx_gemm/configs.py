@@ -1,10 +1,12 @@
 """MX GEMM kernel configs: tile, ring depth and warps per shape, and the compile specs CI builds.
 
-An ``MXConfig`` is one build of ``kernels.mx_gemm_kernel``: ``block_m`` rows of the big side
-(the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` K-blocks of 32
-in flight, ``num_warps``, and the most K-splits the launcher may use (it splits K until every
-SM runs ``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses one per problem (rows >= cols
-after the launcher's swap); ``offered`` lists the configs the benchmark races.
+An ``MXConfig`` is one build of an MX kernel: ``kernel`` 1 (``kernels.mx_gemm_kernel``, a ring
+slot is one K-block of 32) or 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK_K = 128 K
+elements, async wgmma with the block-scale promotion overlapped), ``block_m`` rows of the big
+side (the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring slots,
+``num_warps``, and the most K-splits the launcher may use (it splits K until every SM runs
+``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses one per problem (rows >= cols after
+the launcher's swap; v1 for now); ``offered`` lists the configs the benchmark races, v1's and v2's.
 
 First version, not yet tuned on the H200: the ring holds ~48 KB of operands per program and
 an SM runs up to three programs, well over the ~32 KB in flight an SM needs to stream at HBM
@@ -13,6 +15,7 @@ block_m * block_n is kept to 32 values a thread (more spilled).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 SMEM_LIMIT = 232448          # bytes one block may use on sm_90
@@ -32,6 +35,17 @@ ACC_REGS_LIMIT = 32
 SCALE_BLOCK = 32
 FORMATS = ("mxfp8", "mxfp4")
 
+# v2: a slot holds V2_BLOCK_K K elements (4 scale blocks). The accumulator and two partials
+# live in registers (3 x 32 values a thread at most): ptxas gives such a build 241-255
+# registers without spills (sm_90a, triton 3.6), so 2 programs of 4 warps (1 of 8) share an SM;
+# 59-137 for the 8- and 16-wide skinny ones. Rings: ~96 KB (FP8), ~64 KB plus the two unpacked
+# FP8 buffers (FP4).
+V2_BLOCK_K = 128
+V2_RING_TARGET = {"mxfp8": 96 * 1024, "mxfp4": 64 * 1024}
+V2_MAX_STAGES = 8
+V2_REGS_PER_THREAD = 248
+V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
+
 
 @dataclass(frozen=True)
 class MXConfig:
@@ -40,21 +54,38 @@ class MXConfig:
     stages: int
     num_warps: int
     max_splits: int = 16
+    kernel: int = 1
 
     @property
     def name(self) -> str:
-        return f"mx{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
+        prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
+        return f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
+
+    @property
+    def block_k(self) -> int:
+        """K elements one ring slot holds."""
+        return SCALE_BLOCK if self.kernel == 1 else V2_BLOCK_K
+
+    def row_bytes(self, fmt: str) -> int:
+        """Bytes one operand row brings per slot (the TMA box width)."""
+        return self.block_k if fmt == "mxfp8" else self.block_k // 2
 
     def item_bytes(self, fmt: str) -> int:
-        per_row = SCALE_BLOCK if fmt == "mxfp8" else SCALE_BLOCK // 2
-        return (self.block_m + self.block_n) * per_row
+        return (self.block_m + self.block_n) * self.row_bytes(fmt)
 
     def smem_bytes(self, fmt: str) -> int:
-        unpacked = (self.block_m + self.block_n) * SCALE_BLOCK if fmt == "mxfp4" else 0
+        buffers = 1 if self.kernel == 1 else 2
+        unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
         return self.stages * self.item_bytes(fmt) + unpacked + SMEM_RESERVE
+
+    def acc_values(self) -> int:
+        """FP32 accumulator values a thread holds."""
+        return self.block_m * self.block_n // (32 * self.num_warps)
 
 
 def static_reason(cfg: MXConfig, fmt: str) -> str | None:
+    if cfg.kernel not in (1, 2):
+        return "kernel must be 1 or 2"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -63,7 +94,7 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "num_warps must be 4 or 8"
     if cfg.num_warps == 8 and cfg.block_m == 64 and cfg.block_n < 16:
         return "two warpgroups on 64 rows split N: block_n must be at least 16"
-    if cfg.block_m * cfg.block_n // (32 * cfg.num_warps) > ACC_REGS_LIMIT:
+    if cfg.acc_values() > ACC_REGS_LIMIT:
         return "accumulator and partial would not fit in registers"
     if cfg.stages < 2:
         return "at least 2 stages"
@@ -76,7 +107,10 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
 
 def resident(cfg: MXConfig, fmt: str) -> int:
     """Programs of ``cfg`` one SM runs at once, as shared memory and registers allow."""
-    by_regs = REGS_PER_SM // (32 * cfg.num_warps * REGS_PER_THREAD)
+    regs = REGS_PER_THREAD
+    if cfg.kernel == 2:
+        regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
+    by_regs = REGS_PER_SM // (32 * cfg.num_warps * regs)
     return max(1, min(MAX_RESIDENT, SMEM_PER_SM // cfg.smem_bytes(fmt), by_regs))
 
 
@@ -90,6 +124,21 @@ def _stages(block_m: int, block_n: int, fmt: str) -> int:
     return max(2, min(32, RING_TARGET // ((block_m + block_n) * per_row)))
 
 
+def _v2_stages(block_m: int, block_n: int, fmt: str) -> int:
+    item = MXConfig(block_m, block_n, 2, 4, kernel=2).item_bytes(fmt)
+    return max(2, min(V2_MAX_STAGES, V2_RING_TARGET[fmt] // item))
+
+
+def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """v2 builds for a rows x cols problem: 128 rows (two warpgroups when block_n is 64, which
+    keeps 3 x 32 FP32 values a thread) and 64 rows over one warpgroup (twice the programs)."""
+    block_n = small_slot(cols)
+    out = []
+    for block_m, num_warps in ((128, 8 if block_n >= 64 else 4), (64, 4)):
+        out.append(MXConfig(block_m, block_n, _v2_stages(block_m, block_n, fmt), num_warps, kernel=2))
+    return out
+
+
 def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     """The config for a rows x cols x k problem (rows >= cols)."""
     block_n = small_slot(cols)
@@ -98,24 +147,24 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 
 
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """Configs the benchmark races on this shape: the pick, and a 64-row variant (twice the
-    programs, for shapes with few row tiles)."""
+    """Configs the benchmark races on this shape: the pick, a 64-row v1 variant (twice the
+    programs, for shapes with few row tiles), then the v2 builds (``v2_configs``); v1 stays in
+    the race as the safety net."""
     best = pick(rows, cols, k, fmt)
     alt = MXConfig(64, best.block_n, _stages(64, best.block_n, fmt), 4)
-    return [c for c in (best, alt) if static_reason(c, fmt) is None]
+    return [c for c in (best, alt, *v2_configs(rows, cols, k, fmt)) if static_reason(c, fmt) is None]
 
 
 # ---- compile specs: every shipped config, compiled for sm_90a in CI ---------------------------
 
 def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool, bias: int, out: str = "bf16",
-                     rows_contiguous: bool = True) -> tuple[dict[str, str], dict[str, object]]:
-    """Triton signature strings and constexprs for one variant, as the launcher specializes it."""
+                     rows_contiguous: bool = True, words: bool = True) -> tuple[dict[str, str], dict[str, object]]:
+    """Triton signature strings and constexprs for one variant, as the launcher specializes it
+    (``words``: v2 reads both operands' scales as 32-bit words, see kernels_v2)."""
     from triton.experimental.gluon import language as gl
 
-    if fmt == "mxfp8":
-        elem, ty, width = gl.float8e4nv, "fp8e4nv", SCALE_BLOCK
-    else:
-        elem, ty, width = gl.uint8, "u8", SCALE_BLOCK // 2
+    elem, ty = (gl.float8e4nv, "fp8e4nv") if fmt == "mxfp8" else (gl.uint8, "u8")
+    width = cfg.row_bytes(fmt)
 
     def desc(rows: int) -> str:
         layout = gl.NVMMASharedLayout.get_default_for([rows, width], elem)
@@ -125,18 +174,30 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
            "c_ptr": f"*{out}", "bias_ptr": f"*{out}", "ws_ptr": "*fp32", "ticket_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "stride_sxr": "i32", "stride_sxc": "i32", "stride_syr": "i32",
            "stride_syc": "i32", "stride_cm": "i32", "stride_cn": "i32", "stride_bias": "i32",
-           "iters_per_split": "i32"}
+           "iters_per_split" if cfg.kernel == 1 else "slots_per_split": "i32"}
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fmt == "mxfp4", X_SWIZZLED=x_swizzled,
-                      Y_SWIZZLED=y_swizzled, BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages,
-                      num_warps=cfg.num_warps)
+                      Y_SWIZZLED=y_swizzled)
+    if cfg.kernel == 2:
+        constexprs.update(X_WORDS=words, Y_WORDS=words)
+    constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages, num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
 
 
-def kernel():
+def kernel_of(cfg: MXConfig):
+    """The Gluon kernel that runs ``cfg`` (imports the kernel module)."""
+    if cfg.kernel == 2:
+        from tilefly.ops.mx_gemm import kernels_v2
+
+        return kernels_v2.mx_gemm_v2_kernel
     from tilefly.ops.mx_gemm import kernels
 
     return kernels.mx_gemm_kernel
+
+
+def kernel():
+    """v1's kernel (callers that predate ``kernel_of``)."""
+    return kernel_of(MXConfig(128, 8, 2, 4))
 
 
 # The mxfp_gemm suite's quick shapes (skinny and square) per format, plus a 64-row variant.
@@ -153,22 +214,40 @@ def shipped() -> list[tuple[str, MXConfig]]:
     return out
 
 
+def _spec_name(cfg, fmt, xs, ys, bias, out, rows, words) -> str:
+    tail = "" if cfg.kernel == 1 else f",words={int(words)}"
+    return f"mx_gemm.{cfg.name}[{fmt},swz={int(xs)}{int(ys)},bias={bias},{out},rowsC={int(rows)}{tail}]"
+
+
 def compile_specs():
     """Every shipped (format, config) with the benchmark's variant (unswizzled scales, no bias,
     BF16 out, the skinny swap's column-contiguous output), plus swizzled scales, bias and FP16
-    on one config per format."""
+    on one config per format and kernel, and v2's byte-wise scale loads."""
     from tilefly.compile_check import KernelSpec
 
-    variants = [(fmt, cfg, False, False, 0, "bf16", True) for fmt, cfg in shipped()]
+    variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
     for fmt in FORMATS:
         cfg = pick(4096, 16, 4096, fmt)
-        variants.append((fmt, cfg, True, True, 1, "fp16", False))
-        variants.append((fmt, cfg, True, False, 2, "bf16", True))
+        variants.append((fmt, cfg, True, True, 1, "fp16", False, True))
+        variants.append((fmt, cfg, True, False, 2, "bf16", True, True))
+        cfg2 = v2_configs(4096, 16, 4096, fmt)[0]
+        variants.append((fmt, cfg2, True, True, 1, "fp16", False, True))
+        variants.append((fmt, cfg2, False, True, 2, "bf16", True, False))
     specs = []
-    for fmt, cfg, xs, ys, bias, out, rows in variants:
-        sig, constexprs = kernel_signature(cfg, fmt, xs, ys, bias, out, rows)
+    for fmt, cfg, xs, ys, bias, out, rows, words in variants:
+        sig, constexprs = kernel_signature(cfg, fmt, xs, ys, bias, out, rows, words)
         specs.append(KernelSpec(
-            name=f"mx_gemm.{cfg.name}[{fmt},swz={int(xs)}{int(ys)},bias={bias},{out},rowsC={int(rows)}]",
-            kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps, gluon=True,
-            sass_must_contain=("QGMMA",)))
+            name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
+            kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
+            num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
     return specs
+
+
+# v2's overlap exists only if ptxas kept the wgmmas async: a wait that leaves one group in
+# flight. When ptxas serializes them (C7514: an in-flight accumulator read or copied) every
+# wait becomes ``gsb0, 0x0`` and the kernel still computes the right result, only slowly.
+V2_ASYNC_WAIT = "WARPGROUP.DEPBAR.LE gsb0, 0x1"
+
+
+def sass_markers(cfg: MXConfig) -> tuple[str, ...]:
+    return ("QGMMA",) if cfg.kernel == 1 else ("QGMMA", V2_ASYNC_WAIT)

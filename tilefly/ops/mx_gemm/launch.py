@@ -15,6 +15,10 @@ K is split over enough programs to fill the SMs, ``configs.resident`` programs e
 (tilefly.ops.gemm.configs.choose_splits); the
 partials and per-tile tickets live in the dense GEMM's grow-only per-stream buffers.
 
+v2 configs (``cfg.kernel == 2``, kernels_v2) take 128-K-element boxes and split K in such slots;
+their scales are read as one 32-bit word per row and slot when the layout allows it
+(``_scale_words``), byte by byte otherwise.
+
 Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
 descriptors and argument list; later calls reuse them (descriptors hold bare addresses, not
 tensors) and go straight to Triton's JIT launch.
@@ -49,9 +53,8 @@ def _shared_layout(rows: int, width: int, fp4: bool):
     return gl.NVMMASharedLayout.get_default_for([rows, width], gl.uint8 if fp4 else gl.float8e4nv)
 
 
-def _descriptor(rows_view: torch.Tensor, block_rows: int, fp4: bool):
+def _descriptor(rows_view: torch.Tensor, block_rows: int, fp4: bool, item: int):
     rows, width = rows_view.shape
-    item = SCALE_BLOCK // 2 if fp4 else SCALE_BLOCK
     # A single row's stride is never used; TMA still wants it 16-byte aligned.
     stride = rows_view.stride(0) if rows > 1 else _cdiv(width, 16) * 16
     base = Address(rows_view.data_ptr(), rows_view.dtype)
@@ -62,18 +65,27 @@ def _scale_strides(scale: torch.Tensor, swizzled: bool) -> tuple[int, int]:
     return (0, 0) if swizzled else (scale.stride(0), scale.stride(1))
 
 
+def _scale_words(scale: torch.Tensor, swizzled: bool, k_blocks: int) -> bool:
+    """Whether the 4 scale bytes of a row's 4 K-blocks (from a multiple of 4) are one aligned
+    32-bit word: always in SWIZZLE_32_4_4 (K-blocks padded to 4); in NO_SWIZZLE when K-blocks
+    are unit-stride, rows 4-byte aligned and K a multiple of 128 (no word runs past a row)."""
+    if scale.data_ptr() % 4:
+        return False
+    if swizzled:
+        return True
+    return scale.stride(1) == 1 and (scale.shape[0] <= 1 or scale.stride(0) % 4 == 0) and k_blocks % 4 == 0
+
+
 class _Plan:
-    __slots__ = ("cfg", "grid", "args", "constexprs", "workspace", "device")
+    __slots__ = ("cfg", "kernel", "grid", "args", "constexprs", "workspace", "device")
 
     def __call__(self, capturing: bool) -> None:
-        from tilefly.ops.mx_gemm import kernels
-
         args = list(self.args)
         if self.workspace is None:
             args[6:8] = _placeholders(self.device)
         else:
             args[6:8] = _splitk_buffers(self.device, *self.workspace, capturing)
-        kernels.mx_gemm_kernel[self.grid](*args, **self.constexprs)
+        self.kernel[self.grid](*args, **self.constexprs)
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -110,16 +122,19 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
     cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
-    x_desc = _descriptor(x, cfg.block_m, fp4)
-    y_desc = _descriptor(y, cfg.block_n, fp4)
+    item = cfg.row_bytes(p.fmt)
+    x_desc = _descriptor(x, cfg.block_m, fp4, item)
+    y_desc = _descriptor(y, cfg.block_n, fp4, item)
     tiles = _cdiv(rows, cfg.block_m) * _cdiv(cols, cfg.block_n)
     k_blocks = p.k // SCALE_BLOCK
-    splits = choose_splits(cfg, tiles, k_blocks, _device.sm_count(out) * configs.resident(cfg, p.fmt))
-    per_split = _cdiv(k_blocks, splits)
-    splits = _cdiv(k_blocks, per_split)
+    k_steps = _cdiv(p.k, cfg.block_k)            # ring slots along K (v1: the K-blocks)
+    splits = choose_splits(cfg, tiles, k_steps, _device.sm_count(out) * configs.resident(cfg, p.fmt))
+    per_split = _cdiv(k_steps, splits)
+    splits = _cdiv(k_steps, per_split)
 
     plan = _Plan()
     plan.cfg, plan.device = cfg, out.device
+    plan.kernel = configs.kernel_of(cfg)
     plan.grid = (tiles, splits, 1)
     plan.workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     bias_arg = out if bias is None else bias
@@ -127,7 +142,9 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
                  Address(c.data_ptr(), c.dtype), Address(bias_arg.data_ptr(), bias_arg.dtype), None, None,
                  rows, cols, p.k, *_scale_strides(sx, swz_x), *_scale_strides(sy, swz_y),
                  c.stride(0), c.stride(1), 0 if bias is None else bias.stride(0), per_split]
-    plan.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y,
-                           BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
+    plan.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y)
+    if cfg.kernel == 2:
+        plan.constexprs.update(X_WORDS=_scale_words(sx, swz_x, k_blocks), Y_WORDS=_scale_words(sy, swz_y, k_blocks))
+    plan.constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
                            STAGES=cfg.stages, num_warps=cfg.num_warps)
     return plan

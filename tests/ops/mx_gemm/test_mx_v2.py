@@ -1,0 +1,336 @@
+"""MX GEMM kernel v2 (kernels_v2): configs and the launcher's plan on CPU, a compile of a subset
+of the shipped builds for sm_90a (async wgmma kept by ptxas, no spills), the scale-word layout
+transcribed to torch; on the H200 every v2 config against the float64 dequantized reference."""
+import inspect
+
+import pytest
+import torch
+
+from tilefly import _device, mx
+from tilefly.ops.mx_gemm import configs, eligibility
+
+SWIZZLE_NAME = {False: "none", True: "32_4_4"}
+
+
+def _operands(fmt, m, n, k, swizzled, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    qa = mx.quantize(torch.randn(m, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
+    qb = mx.quantize(torch.randn(n, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
+    return qa[0], qb[0].t(), qa[1], qb[1]
+
+
+def _reference(a, b, sa, sb, fmt, swizzled, bias=None):
+    da = mx.dequantize(a, sa, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
+    db = mx.dequantize(b.t(), sb, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
+    out = da @ db.t()
+    return out if bias is None else out + bias.double()
+
+
+def _v2(m, n, k, fmt):
+    return configs.v2_configs(max(m, n), min(m, n), k, fmt)
+
+
+# ---- configs ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("rows, cols", [(4096, 1), (4096, 16), (14336, 32), (4096, 256), (8192, 8192)])
+def test_v2_is_offered_next_to_v1(fmt, rows, cols):
+    offered = configs.offered(rows, cols, 4096, fmt)
+    assert offered[0] == configs.pick(rows, cols, 4096, fmt) and offered[0].kernel == 1
+    v2 = [c for c in offered if c.kernel == 2]
+    assert v2 == configs.v2_configs(rows, cols, 4096, fmt) and len(v2) == 2
+    assert len({c.name for c in offered}) == len(offered)
+    for cfg in v2:
+        assert configs.static_reason(cfg, fmt) is None
+        assert cfg.acc_values() <= configs.ACC_REGS_LIMIT
+        assert cfg.block_k == 128 and cfg.name.startswith("mx2_")
+        assert configs.resident(cfg, fmt) * cfg.smem_bytes(fmt) <= configs.SMEM_PER_SM
+    assert configs.pick(rows, cols, 4096, fmt).kernel == 1     # pick is the lead's to retune
+
+
+def test_v2_smem_counts_the_double_unpack_buffer():
+    cfg = configs.MXConfig(128, 32, 4, 4, kernel=2)
+    assert cfg.item_bytes("mxfp8") == 160 * 128 and cfg.item_bytes("mxfp4") == 160 * 64
+    assert cfg.smem_bytes("mxfp4") == 4 * 160 * 64 + 2 * 160 * 128 + configs.SMEM_RESERVE
+    assert configs.MXConfig(128, 32, 4, 4).name == "mx128x32_s4_w4_k16"          # v1 names unchanged
+    assert configs.static_reason(configs.MXConfig(128, 32, 4, 4, kernel=3), "mxfp8")
+
+
+def test_compile_specs_cover_every_shipped_v2_config():
+    specs = configs.compile_specs()
+    names = [s.name for s in specs]
+    assert len(set(names)) == len(names)
+    for fmt, cfg in configs.shipped():
+        assert any(n.startswith(f"mx_gemm.{cfg.name}[{fmt},") for n in names), cfg.name
+    v2 = [s for s in specs if ".mx2_" in s.name]
+    assert v2 and all(configs.V2_ASYNC_WAIT in s.sass_must_contain for s in v2)
+    for tag in ("swz=11", "swz=01", "words=0", "bias=1", "bias=2", "fp16"):
+        assert any(tag in s.name for s in v2), tag
+
+
+# ---- the scale words, transcribed to torch -----------------------------------------------------
+
+def test_swizzled_scale_words_hold_the_slots_four_blocks():
+    """kernels_v2.slot_scale_words with SWIZZLED: the int32 at byte offset scale_offsets(r, kb0)
+    (kb0 a multiple of 4) holds scales (r, kb0 + j) in byte j; K-blocks past K read padding,
+    which word_byte replaces with 127."""
+    rows, k_blocks = 300, 11
+    scales = torch.randint(0, 256, (rows, k_blocks), dtype=torch.uint8)
+    words = mx.to_blocked(scales.view(torch.float8_e8m0fnu)).view(torch.uint8).view(torch.int32)
+    r = torch.arange(rows).unsqueeze(1)
+    kb0 = torch.arange(0, k_blocks, 4).unsqueeze(0)
+    col_tiles = (k_blocks + 3) // 4
+    offs = ((r // 128) * col_tiles + kb0 // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + kb0 % 4
+    assert bool((offs % 4 == 0).all())
+    word = words[offs // 4]
+    for j in range(4):
+        byte = (word >> (8 * j)) & 255
+        kb = kb0 + j
+        byte = torch.where(kb < k_blocks, byte, 127)
+        want = torch.where(kb < k_blocks, scales.to(torch.int32)[:, kb.clamp(max=k_blocks - 1).squeeze(0)], 127)
+        assert torch.equal(byte, want)
+
+
+@pytest.fixture
+def launch_cpu(monkeypatch):
+    from tilefly.ops.mx_gemm import launch
+
+    monkeypatch.setattr(_device, "sm_count", lambda t: 132)
+    return launch
+
+
+def _named_args(plan):
+    from tilefly.ops.mx_gemm import kernels_v2
+
+    names = list(inspect.signature(kernels_v2.mx_gemm_v2_kernel.fn).parameters)[:len(plan.args)]
+    return dict(zip(names, plan.args))
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_v2_plan_splits_k_in_slots_and_reads_scale_words(launch_cpu, fmt):
+    a, b, sa, sb = _operands(fmt, 16, 4096, 4096, False)
+    sb_swz = mx.to_blocked(sb)
+    p = eligibility.parse(a, b, sa, sb_swz, False, True)
+    out = torch.empty(16, 4096, dtype=torch.bfloat16)
+    cfg = _v2(16, 4096, 4096, fmt)[0]
+    plan = launch_cpu._prepare(p, a, b, sa, sb_swz, out, None, cfg)
+    args = _named_args(plan)
+    assert plan.kernel is configs.kernel_of(cfg) and plan.cfg == cfg
+    assert (args["M"], args["N"], args["K"]) == (4096, 16, 4096)
+    assert plan.constexprs["X_WORDS"] and plan.constexprs["Y_WORDS"]      # swizzled; K / 32 % 4 == 0
+    tiles, splits, _ = plan.grid
+    assert tiles == 4096 // cfg.block_m and splits > 1
+    assert splits * args["slots_per_split"] >= 4096 // 128 > (splits - 1) * args["slots_per_split"]
+    assert args["x_desc"].block_shape == [cfg.block_m, 128 if fmt == "mxfp8" else 64]
+    assert args["y_desc"].block_shape == [cfg.block_n, 128 if fmt == "mxfp8" else 64]
+
+
+def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
+    a, b, sa, sb = _operands("mxfp8", 8, 256, 160, False)         # K / 32 = 5: not whole words
+    p = eligibility.parse(a, b, sa, sb, False, False)
+    plan = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(8, 256, dtype=torch.bfloat16), None,
+                               _v2(8, 256, 160, "mxfp8")[0])
+    assert not plan.constexprs["X_WORDS"] and not plan.constexprs["Y_WORDS"]
+    assert _named_args(plan)["slots_per_split"] * plan.grid[1] >= 2
+
+
+# ---- compile for sm_90a (CPU) -----------------------------------------------------------------
+
+COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
+            "mx_gemm.mx2_128x16_s7_w4_k16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]")
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_v2_compiles_with_async_wgmma_and_no_spills(name):
+    pytest.importorskip("triton")
+    from tilefly.compile_check import compile_one
+
+    spec = {s.name: s for s in configs.compile_specs()}[name]
+    result = compile_one(spec)
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0 and result.registers <= 255
+
+
+# ---- on the H200 ----------------------------------------------------------------------------------
+
+def _run(fmt, a, b, sa, sb, swizzled, cfg, out, bias=None):
+    from tilefly.ops.mx_gemm import launch
+
+    p = eligibility.parse(a, b, sa, sb, swizzled, swizzled)
+    launch.run(p, a, b, sa, sb, out, bias, cfg=cfg)
+    torch.cuda.synchronize()
+    return out
+
+
+def _close(out, ref, eps):
+    torch.testing.assert_close(out.double(), ref, rtol=2 * eps, atol=2 * eps * ref.abs().max().item() + 1e-30)
+
+
+SHAPES = [(m, n, k) for m in (1, 16, 33, 128, 4096) for n in (256, 4096) for k in (256, 4096)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_every_v2_config_matches_float64(fmt, swizzled, m, n, k):
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=m + 3 * n + k)
+    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    for cfg in _v2(m, n, k, fmt):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+
+
+SHIPPED_V2 = [(fmt, cfg) for fmt, cfg in configs.shipped() if cfg.kernel == 2]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt, cfg", SHIPPED_V2, ids=[f"{f}-{c.name}" for f, c in SHIPPED_V2])
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_every_shipped_v2_config_on_a_decode_shape(fmt, cfg, swizzled):
+    """block_n - 1 tokens against a 4096 x 4096 weight (swapped: weight rows in the wgmma M slot),
+    so the config's own tile width is the one that runs, with a partial column tile."""
+    m, n, k = max(1, cfg.block_n - 1), 4096, 4096
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=37)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out), _reference(a, b, sa, sb, fmt, swizzled), 2.0 ** -8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (33, 256, 4096), (4096, 256, 256), (128, 4096, 256)])
+def test_v2_bias_and_output_dtypes_into_poisoned_outputs(fmt, swizzled, dtype, m, n, k):
+    """Row-major and column-major outputs filled with NaN first: every element must be written."""
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=7)
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    ref = _reference(a, b, sa, sb, fmt, swizzled, bias)
+    eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+    for cfg in _v2(m, n, k, fmt):
+        for out in (torch.full((m, n), float("nan"), device="cuda", dtype=dtype),
+                    torch.full((n, m), float("nan"), device="cuda", dtype=dtype).t()):
+            _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out, bias), ref, eps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n, k", [(1, 256, 160), (40, 4096, 4128), (4096, 33, 96)])
+def test_v2_k_tails_and_byte_wise_scales(fmt, swizzled, m, n, k):
+    """K not a multiple of 128: the last slot is partly past K (zero-filled operands, neutral or
+    padded scale bytes), and NO_SWIZZLE scales are read byte by byte."""
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=23)
+    if swizzled:   # padding bytes of the blocked layout must not matter, even NaN ones
+        k_blocks = k // 32
+        for s, rows in ((sa, m), (sb, n)):
+            bits = s.view(torch.uint8).view(-1)
+            keep = mx.to_blocked(torch.zeros(rows, k_blocks, dtype=torch.uint8, device="cuda").add_(1)
+                                 .view(torch.float8_e8m0fnu)).view(torch.uint8) == 1
+            bits[~keep] = 255
+    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    assert not torch.isnan(ref).any()
+    for cfg in _v2(m, n, k, fmt):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_v2_strided_no_swizzle_scales(fmt):
+    """Scale rows padded to an odd stride: no 32-bit words, the byte path serves."""
+    m, n, k = 33, 4096, 1024
+    a, b, sa, sb = _operands(fmt, m, n, k, False, "cuda", seed=29)
+    wide_a = torch.zeros(m, k // 32 + 1, device="cuda", dtype=torch.uint8)
+    wide_b = torch.zeros(n, k // 32 + 1, device="cuda", dtype=torch.uint8)
+    wide_a[:, : k // 32] = sa.view(torch.uint8)
+    wide_b[:, : k // 32] = sb.view(torch.uint8)
+    sa2 = wide_a[:, : k // 32].view(torch.float8_e8m0fnu)
+    sb2 = wide_b[:, : k // 32].view(torch.float8_e8m0fnu)
+    ref = _reference(a, b, sa, sb, fmt, False)
+    for cfg in _v2(m, n, k, fmt):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _close(_run(fmt, a, b, sa2, sb2, False, cfg, out), ref, 2.0 ** -8)
+
+
+def _data(fmt, rows, k, g):
+    values = torch.randn(rows, k, device="cuda", generator=g)
+    if fmt == "mxfp8":
+        return values.clamp(-448, 448).to(torch.float8_e4m3fn)
+    return mx.quantize(values, "mxfp4")[0]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n", [(1, 4096), (33, 256), (4096, 64)])
+def test_v2_extreme_and_nan_scales(fmt, swizzled, m, n):
+    """A's K-blocks at 2^-127 / 2^127 / ..., B's at the inverse (+- a few octaves): every product is
+    representable (the exact scaling path); one NaN scale byte per operand poisons its row/column."""
+    k = 512
+    g = torch.Generator(device="cuda").manual_seed(31)
+    a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
+    base = torch.tensor([0, 254, 127, 1, 253, 0, 254, 100, 0, 254, 30, 200, 0, 254, 127, 127],
+                        device="cuda", dtype=torch.int32)
+    delta = torch.randint(-6, 7, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    bits_a = base.expand(m, -1).contiguous().to(torch.uint8)
+    bits_b = (254 - base + delta).clamp(0, 254).to(torch.uint8)
+    bits_b[3, 5] = 255
+    nan_row = m // 2 if m > 1 else None
+    if nan_row is not None:
+        bits_a[nan_row, 9] = 255
+    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
+    if swizzled:
+        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
+    b = b_nk.t()
+    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    expect_nan = torch.zeros(m, n, dtype=torch.bool, device="cuda")
+    expect_nan[:, 3] = True
+    if nan_row is not None:
+        expect_nan[nan_row, :] = True
+    assert torch.equal(torch.isnan(ref), expect_nan)
+    assert ref[~expect_nan].abs().max() > 1e-3 and torch.isfinite(ref[~expect_nan]).all()
+    for cfg in _v2(m, n, k, fmt):
+        out = torch.full((m, n), 12345.0, device="cuda", dtype=torch.float32)
+        _run(fmt, a, b, sa, sb, swizzled, cfg, out)
+        assert torch.equal(torch.isnan(out), expect_nan), cfg.name
+        _close(torch.where(expect_nan, 0.0, out), torch.where(expect_nan, 0.0, ref), 2.0 ** -13)
+
+
+# ---- the FP4 unpack's PRMT program, transcribed to Python ----------------------------------------
+
+def _prmt(a, b, c):
+    """PTX prmt.b32 default mode: byte i of the result is byte (c >> 4i) & 7 of {b, a}."""
+    table = a | (b << 32)
+    out = 0
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        assert sel < 8          # bit 3 would switch the byte to sign replication
+        out |= ((table >> (8 * sel)) & 0xFF) << (8 * i)
+    return out
+
+
+def _unpack_asm(word, lut0, lut1):
+    """kernels_v2._UNPACK_ASM, instruction by instruction, on one 32-bit register."""
+    results = []
+    for code, sign in (((word & 0x07070707), (word << 4) & 0x80808080),
+                       (((word >> 4) & 0x07070707), word & 0x80808080)):
+        fold = (code >> 4) | code
+        sel = _prmt(fold, fold, 0x0020)
+        results.append((_prmt(lut0, lut1, sel) | sign) & 0xFFFFFFFF)
+    return results
+
+
+def test_prmt_fp4_unpack_gives_the_e4m3_of_each_nibble():
+    kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
+    want = torch.tensor(mx.FP4_VALUES + tuple(-v for v in mx.FP4_VALUES))       # E2M1 codes 0..15
+    g = torch.Generator().manual_seed(3)
+    words = [int(w) for w in torch.randint(0, 2 ** 32, (64,), generator=g, dtype=torch.int64)]
+    words += [0x76543210, 0xFEDCBA98, 0x01234567, 0x89ABCDEF]                       # every code
+    for word in words:
+        lo, hi = _unpack_asm(word, kernels_v2.E4M3_OF_E2M1_LO, kernels_v2.E4M3_OF_E2M1_HI)
+        packed = torch.tensor([(word >> (8 * i)) & 0xFF for i in range(4)])
+        got_lo = torch.tensor([(lo >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8)
+        got_hi = torch.tensor([(hi >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8)
+        assert torch.equal(got_lo.view(torch.float8_e4m3fn).float(), want[packed & 15])
+        assert torch.equal(got_hi.view(torch.float8_e4m3fn).float(), want[packed >> 4])

@@ -1,0 +1,273 @@
+"""MX GEMM kernel v2 for Hopper in Gluon: deep K slots, async FP8 wgmma, promotion overlapped.
+
+Same problem and contract as v1 (kernels.py; its header explains the math and the exact
+scaling): C = X @ Y^T, X [ROWS, K] and Y [COLS, K] K-major MXFP8 bytes or MXFP4 nibble pairs,
+one E8M0 scale per row per 32 K. What changes is how the K loop is fed and overlapped.
+
+Layout plan (one program per (output tile, K-split); num_warps 4, or 8 = two warpgroups
+stacked along M for BLOCK_M = 128):
+
+    ring            STAGES slots of BLOCK_K = 128 K elements = 4 scale blocks: X tile
+                    [BLOCK_M, 128] and Y tile [BLOCK_N, 128] FP8 bytes with 128-byte NVMMA
+                    swizzle (MXFP4: [*, 64] packed bytes, 64-byte swizzle), one TMA box per
+                    operand per slot and one ``ready`` mbarrier per slot (tilefly.gluon.tma_ring).
+                    All STAGES slots are issued up front; slot s is refilled with slot
+                    s + STAGES once the last wgmma (MXFP4: the unpack) reading it is done.
+    FP4 unpack      MXFP4 only, once per slot for both operands: a thread reads 16 packed bytes
+                    (4 threads a 64-byte row, 8 rows a warp), turns each E2M1 nibble into the
+                    E4M3 byte of the same value (every E2M1 value is exact in E4M3) with a PRMT
+                    table lookup on 4 packed bytes at a time (``_UNPACK_ASM``) and stores 32 FP8
+                    bytes into an unpacked [rows, 128] buffer (128-byte swizzle). Two unpacked
+                    buffers alternate by slot parity: slot s+1 is unpacked while the wgmmas of
+                    slot s still read the other one.
+    MMA             one async FP8 wgmma per scale block (K = 32, one instruction) on a 32-byte
+                    K slice of the slot, into a fresh FP32 partial (use_acc=False). Block j+1 is
+                    issued before block j's partial is waited for (``warpgroup_mma_wait(1)``), so
+                    the tensor cores run block j+1 while the FP32 units scale partial j into the
+                    accumulator. Two partials (even and odd blocks) alternate; each wgmma writes
+                    into the registers of the partial it replaces, so no in-flight accumulator is
+                    ever copied. Each slot drains (block 3 is scaled after ``wait(0)``, MXFP4:
+                    after the next slot's unpack): a wgmma still in flight at the loop's back
+                    edge makes ptxas serialize them all (C7514); configs.compile_specs checks the
+                    SASS keeps a ``gsb0, 0x1`` wait. Registers a thread: accumulator + 2
+                    partials, each BLOCK_M * BLOCK_N / (32 * num_warps) FP32 values (<= 32).
+    scales          per slot, one 32-bit word per accumulator row and column of the thread: the
+                    4 E8M0 bytes of the slot's 4 K-blocks. SWIZZLE_32_4_4 stores them as 4
+                    consecutive aligned bytes; NO_SWIZZLE does when its column stride is 1, rows
+                    are 4-byte aligned and K is a multiple of 128 (``WORDS``, decided by the
+                    launcher): then the words are loaded one slot ahead. Otherwise 4 byte loads
+                    are packed into the word at the slot's start (the next slot's byte addresses
+                    would cost registers the partials need). Block j's byte is
+                    ``(word >> 8j) & 255``; K-blocks past K (a K tail inside the last slot) and
+                    rows past ROWS/COLS read as 127 (2^0) against zero-filled operand bytes.
+    scaling         v1's ``add_scaled_fast`` (two FP32 ops an element) when the program's X scales
+                    are all within 2^+-100 or NaN (``scales_moderate``), else v1's exact
+                    ``add_scaled``; NaN scale byte 255 makes its row or column NaN.
+    epilogue        tilefly.gluon.epilogue.finish_splitk (split-K partials summed in split order
+                    by the last-ticket program, bias, masked store with any output strides).
+    barriers        ``ready`` per ring slot only; shared-memory hazards between warps (refill
+                    after the wgmma wait, unpack store before the wgmma) get CTA barriers from
+                    Triton's membar analysis, fence_async_shared orders the unpack stores before
+                    the async proxy reads them.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from tilefly.gluon.epilogue import finish_splitk
+from tilefly.gluon.layouts import wgmma_layout
+from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
+from tilefly.ops.mx_gemm.kernels import SCALE_BLOCK, add_scaled, add_scaled_fast, scale_offsets, scales_moderate
+
+BLOCK_K = gl.constexpr(128)              # K elements a ring slot holds
+BLOCKS_PER_SLOT = gl.constexpr(4)        # scale blocks a slot holds: one 32-bit scale word
+NEUTRAL_WORD = gl.constexpr(0x7F7F7F7F)  # four bytes 127: 2^0 for every block of a masked row
+
+_INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
+
+
+@gluon.jit
+def slot_scale_words(s_ptr, idx, n_idx, kb0, k_blocks, stride_r, stride_c,
+                     SWIZZLED: gl.constexpr, WORDS: gl.constexpr):
+    """One int32 per entry of ``idx``: byte j holds the E8M0 byte of (idx, kb0 + j), j < 4;
+    127 for rows past ``n_idx`` and K-blocks past ``k_blocks``. ``kb0`` is a multiple of 4."""
+    valid = idx < n_idx
+    if WORDS:
+        offs = scale_offsets(idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED)
+        word_ptr = (s_ptr + offs).to(gl.pointer_type(gl.int32), bitcast=True)
+        word = gl.load(word_ptr, mask=valid, other=NEUTRAL_WORD)
+    else:
+        word = gl.zeros_like(idx)
+        for j in gl.static_range(BLOCKS_PER_SLOT):
+            offs = scale_offsets(idx, kb0 + j, k_blocks, stride_r, stride_c, SWIZZLED)
+            byte = gl.load(s_ptr + offs, mask=valid & (kb0 + j < k_blocks), other=127).to(gl.int32)
+            word = word | (byte << (8 * j))
+    return word
+
+
+@gluon.jit
+def word_byte(word, j: gl.constexpr, kb, k_blocks):
+    """Byte j of scale words (int32, 0..255); 127 when K-block ``kb`` is past K (the swizzled
+    layout pads K-blocks to 4 with arbitrary bytes, which must not turn zero padding into NaN)."""
+    byte = (word >> (8 * j)) & 255
+    return gl.where(kb < k_blocks, byte, 127)
+
+
+@gluon.constexpr_function
+def packed_layout(num_warps):
+    """16 packed bytes a thread, 4 threads a 64-byte row, 8 rows a warp (tiles of fewer rows
+    than the CTA covers are replicated: every copy stores the same bytes)."""
+    return gl.BlockedLayout([1, 16], [8, 4], [num_warps, 1], [1, 0])
+
+
+# E4M3 bytes of the E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7; v1's fp4_to_e4m3_bits),
+# bytes 0-3 and 4-7 of an 8-byte table that PRMT indexes with a 3-bit code.
+E4M3_OF_E2M1_LO = 0x3C383000
+E4M3_OF_E2M1_HI = 0x4C484440
+
+# Four packed bytes (one 32-bit register, pack=4) -> the E4M3 bytes of their low nibbles ($0) and of
+# their high nibbles ($1). Per nibble set: mask the 3-bit magnitude codes into the low bits of each
+# byte, fold bytes (0,1) and (2,3) into the four selector nibbles of one PRMT, look the four
+# magnitudes up in the table, and OR in the sign (nibble bit 3 -> byte bit 7). 17 instructions
+# for 8 values, against ~10 integer ops a value for the arithmetic formula.
+_UNPACK_ASM = gl.constexpr(f"""{{
+.reg .b32 lut0, lut1, code, fold, sel, mag, sgn;
+mov.b32 lut0, {E4M3_OF_E2M1_LO:#x};
+mov.b32 lut1, {E4M3_OF_E2M1_HI:#x};
+and.b32 code, $2, 0x07070707;
+shr.u32 fold, code, 4;
+or.b32 fold, fold, code;
+prmt.b32 sel, fold, fold, 0x0020;
+prmt.b32 mag, lut0, lut1, sel;
+shl.b32 sgn, $2, 4;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $0, mag, sgn;
+shr.u32 code, $2, 4;
+and.b32 code, code, 0x07070707;
+shr.u32 fold, code, 4;
+or.b32 fold, fold, code;
+prmt.b32 sel, fold, fold, 0x0020;
+prmt.b32 mag, lut0, lut1, sel;
+and.b32 sgn, $2, 0x80808080;
+or.b32 $1, mag, sgn;
+}}""")
+
+
+@gluon.jit
+def unpack_fp4_slot(packed, unpacked, ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """Packed E2M1 slot [ROWS, 64] (even K in the low nibble) -> FP8 E4M3 tile [ROWS, 128]."""
+    bytes_ = packed.load(packed_layout(num_warps))
+    lo, hi = gl.inline_asm_elementwise(_UNPACK_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
+                                       is_pure=True, pack=4)
+    values = gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (low, high) = (k even, k odd)
+    unpacked.store(values.to(gl.float8e4nv, bitcast=True))
+
+
+@gluon.jit
+def block_operands(x_tiles, y_tiles, j: gl.constexpr):
+    """The wgmma operands of scale block j of a slot: 32-byte K slices of the FP8 tiles."""
+    x = x_tiles.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1)
+    y = y_tiles.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    return x, y
+
+
+@gluon.jit
+def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate):
+    ex = word_byte(wx, j, kb, k_blocks)
+    ey = word_byte(wy, j, kb, k_blocks)
+    if moderate:
+        acc = add_scaled_fast(acc, partial, ex, ey)
+    else:
+        acc = add_scaled(acc, partial, ex, ey)
+    return acc
+
+
+@gluon.jit(do_not_specialize=_INTS, do_not_specialize_on_alignment=["bias_ptr"])
+def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
+                      M, N, K, stride_sxr, stride_sxc, stride_syr, stride_syc, stride_cm, stride_cn, stride_bias,
+                      slots_per_split,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
+                      X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
+                      Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
+                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+    acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
+    SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
+    PREFETCH_SCALES: gl.constexpr = X_WORDS and Y_WORDS
+    tile = gl.program_id(0)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    off_m = (tile // num_pid_n) * BLOCK_M
+    off_n = (tile % num_pid_n) * BLOCK_N
+    split = gl.program_id(1)
+    num_splits = gl.num_programs(1)
+    k_blocks = K // SCALE_BLOCK
+    slot_first = split * slots_per_split
+    k_slots = gl.minimum(slots_per_split, gl.cdiv(K, BLOCK_K) - slot_first)
+    kb_first = slot_first * BLOCKS_PER_SLOT
+
+    x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
+    if FP4:
+        x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_K],
+                                          gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
+        y_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, BLOCK_K],
+                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
+    for i in gl.static_range(STAGES):
+        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
+                   True, True, STAGES, pred=i < k_slots)
+
+    moderate = scales_moderate(sx_ptr, off_m, M, kb_first, gl.minimum(k_slots * BLOCKS_PER_SLOT, k_blocks - kb_first),
+                               k_blocks, stride_sxr, stride_sxc, X_SWIZZLED, BLOCK_M, num_warps)
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    wx = slot_scale_words(sx_ptr, rows, M, kb_first, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED, X_WORDS)
+    wy = slot_scale_words(sy_ptr, cols, N, kb_first, k_blocks, stride_syr, stride_syc, Y_SWIZZLED, Y_WORDS)
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    # Two partials, even and odd blocks: each wgmma writes into the registers of the partial it
+    # replaces (retired and scaled before), so no in-flight accumulator is ever copied.
+    even = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    odd = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    if FP4:
+        wait_ready(bars, 0, STAGES)
+        unpack_fp4_slot(x_bufs.index(0), x_fp8.index(0), BLOCK_M, num_warps)
+        unpack_fp4_slot(y_bufs.index(0), y_fp8.index(0), BLOCK_N, num_warps)
+        fence_async_shared()
+
+    for s in range(k_slots):
+        slot = s % STAGES
+        kb0 = (slot_first + s) * BLOCKS_PER_SLOT
+        if FP4:
+            x_tiles = x_fp8.index(s % 2)
+            y_tiles = y_fp8.index(s % 2)
+        else:
+            wait_ready(bars, s, STAGES)
+            x_tiles = x_bufs.index(slot)
+            y_tiles = y_bufs.index(slot)
+        if PREFETCH_SCALES:
+            # Issued now, used next slot: their latency hides behind this slot's MMAs.
+            kb_next = gl.minimum(kb0 + BLOCKS_PER_SLOT, (slot_first + k_slots - 1) * BLOCKS_PER_SLOT)
+            wx_next = slot_scale_words(sx_ptr, rows, M, kb_next, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED,
+                                       X_WORDS)
+            wy_next = slot_scale_words(sy_ptr, cols, N, kb_next, k_blocks, stride_syr, stride_syc, Y_SWIZZLED,
+                                       Y_WORDS)
+        else:
+            # Byte-wise scales: the next slot's byte addresses would not fit in registers.
+            wx = slot_scale_words(sx_ptr, rows, M, kb0, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED, X_WORDS)
+            wy = slot_scale_words(sy_ptr, cols, N, kb0, k_blocks, stride_syr, stride_syc, Y_SWIZZLED, Y_WORDS)
+
+        # ptxas serializes every wgmma (C7514) if one is still in flight at the loop's back edge
+        # while its registers are read later, so each slot drains: blocks 0-2 are scaled while
+        # the next block runs, block 3 while (MXFP4) the next slot is unpacked.
+        x_op, y_op = block_operands(x_tiles, y_tiles, 0)
+        even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+        x_op, y_op = block_operands(x_tiles, y_tiles, 1)
+        odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+        even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+        acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate)
+        x_op, y_op = block_operands(x_tiles, y_tiles, 2)
+        even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+        odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
+        acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate)
+        x_op, y_op = block_operands(x_tiles, y_tiles, 3)
+        odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+        even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+        acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate)
+        if FP4:
+            if s + 1 < k_slots:
+                # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
+                wait_ready(bars, s + 1, STAGES)
+                unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
+                unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
+                fence_async_shared()
+        odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+        acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate)
+        # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
+        ahead = s + STAGES
+        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
+                   True, True, STAGES, pred=ahead < k_slots)
+        if PREFETCH_SCALES:
+            wx = wx_next
+            wy = wy_next
+
+    finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
+                  stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)
