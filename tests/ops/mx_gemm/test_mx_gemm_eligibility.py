@@ -202,7 +202,7 @@ def test_picked_and_offered_configs_are_buildable(fmt, rows, cols):
     assert configs.static_reason(picked, fmt) is None
     assert picked.block_n >= min(cols, 64)
     offered = configs.offered(rows, cols, 4096, fmt)
-    assert offered and offered[0] == picked
+    assert offered and picked in offered, "the eager path runs a config the benchmark races"
 
 
 def test_compile_specs_cover_both_formats_and_layouts():

@@ -139,20 +139,35 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     return out
 
 
-def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
-    """The config for a rows x cols x k problem (rows >= cols)."""
+def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
+    """The first version's config for a rows x cols x k problem (rows >= cols): 128 rows."""
     block_n = small_slot(cols)
     num_warps = 8 if block_n >= 64 else 4
     return MXConfig(128, block_n, _stages(128, block_n, fmt), num_warps)
 
 
+def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
+    """The config the eager path runs (rows >= cols): the fastest of ``offered`` per shape class in
+    the H200 mxfp_gemm suite at 0370dbf (BENCHMARKS.md). v1 won only on 4096-row weights with
+    <= 32 tokens (more programs over few row tiles); v2 everywhere else: 128 rows for <= 32 tokens,
+    128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above."""
+    v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
+    if cols <= 32 and rows < 8192:
+        v1 = v1_pick(rows, cols, k, fmt)
+        chosen = v1 if fmt == "mxfp4" else MXConfig(64, v1.block_n, _stages(64, v1.block_n, fmt), 4)
+    elif cols <= 32 or (cols <= 64 and fmt == "mxfp8"):
+        chosen = v2_wide
+    else:
+        chosen = v2_narrow
+    return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
+
+
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """Configs the benchmark races on this shape: the pick, a 64-row v1 variant (twice the
-    programs, for shapes with few row tiles), then the v2 builds (``v2_configs``); v1 stays in
-    the race as the safety net."""
-    best = pick(rows, cols, k, fmt)
-    alt = MXConfig(64, best.block_n, _stages(64, best.block_n, fmt), 4)
-    return [c for c in (best, alt, *v2_configs(rows, cols, k, fmt)) if static_reason(c, fmt) is None]
+    """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
+    the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``)."""
+    first = v1_pick(rows, cols, k, fmt)
+    alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
+    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt)) if static_reason(c, fmt) is None]
 
 
 # ---- compile specs: every shipped config, compiled for sm_90a in CI ---------------------------
@@ -227,7 +242,7 @@ def compile_specs():
 
     variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
     for fmt in FORMATS:
-        cfg = pick(4096, 16, 4096, fmt)
+        cfg = v1_pick(4096, 16, 4096, fmt)
         variants.append((fmt, cfg, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg, True, False, 2, "bf16", True, True))
         cfg2 = v2_configs(4096, 16, 4096, fmt)[0]
