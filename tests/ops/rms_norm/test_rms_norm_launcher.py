@@ -165,3 +165,95 @@ def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast
         assert [c[4] for c in calls[3:]] == ["SHIFT", "MAIN", "SHIFT", "MAIN"]  # first run: the JIT
     finally:
         configs.heuristic.cache_clear()
+
+
+def test_flat_launches_get_a_fresh_workspace_and_never_take_the_fast_path(monkeypatch):
+    calls, workspaces = [], []
+
+    def fake_jit(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
+        cfg = cfg or configs.heuristic(N, x.element_size(), layout)
+        constexprs = configs.kernel_constexprs(cfg, N, x.element_size(), layout, w is not None)
+        entry = launcher.Entry()
+        entry.compiled, entry.function, entry.meta, entry.coop, entry.pdl = None, "FLAT", "META", False, False
+        entry.consts, entry.direct = tuple(constexprs.values()), lambda *args: calls.append(args)
+        entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg.kernel, cfg.rows, 0, 0
+        entry.flat = launcher.FlatPlan(N, constexprs, x.element_size())
+        launcher._entries[key] = entry
+        return entry
+
+    real = launcher.FlatPlan.workspace
+
+    def spy(self, x, M):
+        sync, partial, w_period = real(self, x, M)
+        workspaces.append((sync.clone(), partial.numel(), None if w_period is None else w_period.numel(),
+                           sync.data_ptr(), partial.data_ptr(), None if w_period is None else w_period.data_ptr()))
+        return sync, partial, w_period
+
+    monkeypatch.setattr(launcher, "_jit_launch", fake_jit)
+    monkeypatch.setattr(launcher.FlatPlan, "workspace", spy)
+    monkeypatch.setattr(launcher, "_raw_stream", lambda index: "STREAM")
+    monkeypatch.setattr(launcher, "_hooks", types.SimpleNamespace(calls=[]))
+    monkeypatch.setattr(launcher, "_entries", {})
+    M, N = 37, 4097
+    x, w = torch.randn(M, N, dtype=torch.float16), torch.randn(N, dtype=torch.float16)
+    y, rstd = torch.empty_like(x), torch.empty(M, 1)
+    cfg = Config("flat", 8192, 1, 8, x16=True, w_period=True)
+    for _ in range(3):
+        launcher.launch(x, w, y, rstd, 1e-6, cfg)             # the (fake) JIT, then cached twice
+    assert len(calls) == 2 and len(workspaces) == 2
+    consts = configs.kernel_constexprs(cfg, N, 2, configs.SPLIT, True)
+    for args, (sync, partial_numel, w_numel, sync_ptr, partial_ptr, w_ptr) in zip(calls, workspaces):
+        assert args[:5] == (-(-M * N // 8192), 1, 1, "STREAM", "FLAT")   # a CTA per tile of x
+        kernel_args = args[HEAD:]
+        assert kernel_args[:8] == (x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), M, N, N, 1e-6)
+        assert kernel_args[8:12] == (sync_ptr, partial_ptr, w_ptr, 8 * N)  # the period: 8 rows of odd N
+        assert kernel_args[12:] == tuple(consts.values())
+        assert sync.numel() == M + 2 and sync.eq(0).all()
+        assert partial_numel == M * consts["SLOTS"] and w_numel == 8 * N + 8192
+    launcher.launch(x, None, y, rstd, 1e-6, cfg)              # no weight: no copy, x stands in
+    launcher.launch(x, None, y, rstd, 1e-6, cfg)
+    assert calls[-1][HEAD + 10] == x.data_ptr() and workspaces[-1][2] is None
+    with pytest.raises(ValueError, match="contiguous rows"):  # row slices: refused before any cache
+        launcher.launch(torch.randn(M, N + 7, dtype=torch.float16)[:, :N], w, y, rstd, 1e-6, cfg)
+    # the op's plan never caches a launch that needs a workspace
+    monkeypatch.setitem(configs.TUNED, (2, configs.SPLIT, 4096), cfg)
+    configs.heuristic.cache_clear()
+    try:
+        plan = eager._build_plan(x, [N], w)
+        before = len(calls)
+        for _ in range(3):
+            launcher.run_plan(plan, x, w, y, rstd, 1e-6)
+        assert plan.fast is None and len(calls) - before == 2     # first run: the fake JIT
+    finally:
+        configs.heuristic.cache_clear()
+
+
+def test_a_tuned_flat_config_leaves_row_slices_to_the_rules(monkeypatch):
+    # should TUNED ever name the flat kernel for ALIGNED rows, row slices (ALIGNED too) must not get it
+    picked = []
+    import tilefly.ops.rms_norm.kernels as kernels
+    import tilefly.ops.rms_norm.kernels_flat as kernels_flat
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **options: picked.append((self.name, options))
+
+    monkeypatch.setattr(kernels, "rms_norm_rows_kernel", Recorder("rows"))
+    monkeypatch.setattr(kernels, "rms_norm_chunked_kernel", Recorder("chunked"))
+    monkeypatch.setattr(kernels_flat, "rms_norm_flat_kernel", Recorder("flat"))
+    monkeypatch.setattr(launcher, "_entries", {})
+    monkeypatch.setitem(configs.TUNED, (2, configs.ALIGNED, 4096), Config("flat", 8192, 1, 8, x16=True, w_period=True))
+    configs.heuristic.cache_clear()
+    try:
+        w = torch.randn(4096, dtype=torch.float16)
+        contiguous = torch.randn(8, 4096, dtype=torch.float16)
+        sliced = torch.randn(8, 4160, dtype=torch.float16)[:, :4096]
+        for x in (contiguous, sliced, contiguous):
+            launcher.launch(x, w, torch.empty(8, 4096, dtype=torch.float16), torch.empty(8, 1), 1e-6)
+    finally:
+        configs.heuristic.cache_clear()
+    assert [name for name, _ in picked] == ["flat", "rows", "flat"]
+    assert picked[1][1]["BLOCK_N"] == configs.rule(4096, 2, configs.ALIGNED).block

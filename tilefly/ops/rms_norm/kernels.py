@@ -103,9 +103,30 @@ winning segments[SEG=8192,w=4]) take ~220 registers, so few CTAs fit an SM and t
 flight stay below FP32's. With RELOAD the piece is loaded again after the sync (it was read
 microseconds before: L2, often L1), so registers hold x only until its sum of squares: more
 CTAs an SM, same DRAM traffic, twice the L2 reads.
+Segments X16 (configs.Config.x16, 16-bit x): the other way to halve those registers. x stays in
+registers across the row sync in its loaded 16-bit form (two values a 32-bit register) and is
+converted to FP32 again after it. Written plainly, LLVM merges the second conversion into the
+first and keeps the FP32 values alive; an identity PTX move (inline asm, a register of two
+values) between them keeps them apart (keep_16_bit). Toy check, 128 FP16 values a thread, 4
+warps: 152 registers as FP32, 96 with X16, +128 instructions. Triton's interpreter runs no
+inline asm, so under TRITON_INTERPRET the move is left out (same values; only registers differ).
+The flat kernel for contiguous rows of any N is in kernels_flat.py.
 """
+import os
+
 import triton
 import triton.language as tl
+
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def keep_16_bit(x, X16: tl.constexpr):
+    """x itself; with X16, through an identity PTX move (see X16 in the header)."""
+    if X16 and not _INTERPRETED:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=True, pack=2)
+    else:
+        return x
 
 
 @triton.jit
@@ -306,7 +327,7 @@ MAX_POLLS = tl.constexpr(1 << 22)
 def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL,
                              SEG: tl.constexpr, SEGMENTS: tl.constexpr, V: tl.constexpr,
                              ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                             W_SHIFT: tl.constexpr, RELOAD: tl.constexpr):
+                             W_SHIFT: tl.constexpr, RELOAD: tl.constexpr, X16: tl.constexpr):
     ticket = tl.atomic_add(SYNC, 1, sem="relaxed")
     row = ticket // SEGMENTS
     piece = ticket % SEGMENTS
@@ -315,7 +336,8 @@ def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL
 
     cols = piece * SEG + tl.arange(0, SEG)
     mask = cols < body_len
-    x = tl.load(X + body_start + cols, mask=mask, other=0.0).to(tl.float32)
+    x_raw = tl.load(X + body_start + cols, mask=mask, other=0.0)
+    x = x_raw.to(tl.float32)
     partial = tl.sum(x * x, axis=0)
     if SPLIT:  # piece 0 owns the head and tail
         e_pos, e_mask = _edge_lanes(s, body_start, body_len, N, V)
@@ -340,6 +362,8 @@ def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL
 
     if RELOAD:  # the piece again, from L2 (or L1): x needs no registers across the wait
         x = tl.load(X + body_start + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    elif X16:  # x kept as loaded across the wait, converted again now
+        x = keep_16_bit(x_raw, X16).to(tl.float32)
     y = x * rstd
     if HAS_W:
         if SPLIT:
