@@ -10,7 +10,7 @@ import json
 import math
 import sys
 
-from tilefly.ops.rms_norm import configs, eager, sweep
+from tilefly.ops.rms_norm import configs, eager, launcher, sweep
 
 CASES = ("fp16,8192,4097", "fp16,4096,8193", "fp16,2048,16385", "bf16,8192,4097", "bf16,2048,16385",
          "fp16,2048,65536", "fp16,2048,114688")
@@ -54,6 +54,7 @@ def main() -> int:
         configs.TUNED[key] = cfg
     configs.heuristic.cache_clear()
     eager._plans.clear()
+    launcher._entries.clear()   # compiled entries of the heuristic's old pick (key cfg=None)
     with open(f"{args.out}/rms_retune.json", "w") as f:
         json.dump({repr(k): [repr(c), g] for k, (c, g) in winners.items()}, f, indent=1)
     from tilefly.bench.cli import main as bench_main
