@@ -57,7 +57,7 @@ MEASURED_BEST = {
     ("fp16", 4096, 8192): Config("rows", 8192, 2, 8),
     ("fp16", 2048, 16384): Config("rows", 16384, 1, 8),
     ("fp16", 2048, 65536): Config("chunked", 16384, 1, 16, 1, 2),
-    ("fp16", 2048, 114688): Config("chunked", 16384, 1, 16, 3, 2),
+    ("fp16", 2048, 114688): Config("segments", 16384, 1, 4, x16=True),
     ("fp16", 8192, 4097): Config("rows", 4096, 1, 4),
     ("fp16", 4096, 8193): Config("rows", 8192, 1, 4),
     ("fp16", 2048, 16385): Config("chunked", 4096, 1, 16, 1, 2),
@@ -155,12 +155,8 @@ def test_compile_specs_cover_every_tuned_config_each_dtype_layout_and_kernel():
         for layout in (ALIGNED, SPLIT):
             assert any(s.name.startswith(f"rms_norm.{kernel}[") and f",{layout}," in s.name for s in specs)
     assert any(",generic," in s.name for s in specs) and any("no-w" in s.name for s in specs)
-    segments = [s for s in specs if s.name.startswith(("rms_norm.segments[", "rms_norm.flat["))]
+    segments = [s for s in specs if s.name.startswith("rms_norm.segments[")]
     assert all("ATOMG.E.ADD.STRONG.GPU" in s.sass_must_contain for s in segments)
-    flat = [s.name for s in specs if s.name.startswith("rms_norm.flat[")]
-    for needed in (",split,", ",aligned,", "[w-period]", "no-w", "[bf16,"):
-        assert any(needed in name for name in flat), needed
-    assert any("[w-period]" not in name for name in flat)              # scalar w too
     assert any(name.startswith("rms_norm.segments[") and "[x16]" in name for name in (s.name for s in specs))
 
 
@@ -179,8 +175,8 @@ def test_interpreter_checks_pass_in_a_child_process():
     names = [name for name, _ in configs.interpreter_checks()]
     assert len(names) == len(set(names)) and len(names) >= 30
     assert sum(name.startswith("segments") for name in names) >= 7
-    assert sum(name.startswith("nan-inf") for name in names) == 5
-    assert sum(name.startswith("flat") for name in names) >= 8 and sum("x16" in name for name in names) >= 4
+    assert sum(name.startswith("nan-inf") for name in names) == 4
+    assert sum("x16" in name for name in names) >= 2
     assert sum("w-shift" in name for name in names) >= 8 and sum("row-edges" in name for name in names) >= 4
     assert sum("reload" in name for name in names) >= 2
     code = ("from tilefly.ops.rms_norm import configs\n"
@@ -252,7 +248,7 @@ def test_tried_candidates_for_long_16_bit_rows_are_segments_of_256_bytes_a_threa
     for N in (65536, 114688):
         new = configs.tried_candidates(N, 2, ALIGNED)
         assert new and all(c.kernel == "segments" and not c.w_shift for c in new)
-        assert all(c.block // (32 * c.num_warps) == 128 for c in new if not c.reload)
+        assert all(c.block // (32 * c.num_warps) == 128 for c in new if not (c.reload or c.x16))
         assert all(c.block // (32 * c.num_warps) in (64, 128) for c in new)
         assert sum(c.reload for c in new) >= 4
         for cfg in new:
@@ -318,75 +314,38 @@ def test_row_edges_leave_a_few_edge_loads_a_thread():
     assert sass.count("LDG.E.128 ") == 8 and sass.count("LDG.E.U16 ") <= 4
 
 
-# -- the flat kernel and x16 (this round's sweep.py --new candidates) ---------------------------
+# -- x16: 16-bit segments keeping x as loaded across the row sync --------------------------------
 
-@pytest.mark.parametrize("N, layout", [(4097, SPLIT), (8193, SPLIT), (16385, SPLIT), (65536, ALIGNED),
-                                       (114688, ALIGNED), (262144, ALIGNED), (4096, ALIGNED), (16384, ALIGNED)])
-def test_new_candidates_are_flat_tiles_and_16_bit_segments_for_16_bit_rows(N, layout):
-    new = configs.new_candidates(N, 2, layout)
-    assert 2 <= len(new) == len(set(new)) <= 8
-    for cfg in new:
+@pytest.mark.parametrize("N, layout", [(65536, ALIGNED), (114688, ALIGNED), (262144, ALIGNED), (65537, SPLIT)])
+def test_x16_segments_are_tried_on_long_16_bit_rows(N, layout):
+    tried = configs._x16_segments(N, 2, layout)
+    assert 2 <= len(tried) == len(set(tried)) <= 4
+    for cfg in tried:
         configs.validate(cfg, N, 2, layout)
-        assert cfg.x16 and not (cfg.w_shift or cfg.row_edges or cfg.reload)
-        assert cfg.kernel in ("flat", "segments") and (cfg.w_period or cfg.kernel != "flat" or layout == SPLIT)
-        assert cfg.block // (32 * cfg.num_warps) in (32, 64, 128)
-    flat = [c for c in new if c.kernel == "flat"]
-    assert flat and any(c.w_period for c in flat)
-    assert any(not c.w_period for c in flat) == (layout == SPLIT)       # scalar w: only where w is unaligned
-    long_row = N > 2 * configs.ONE_PASS_MAX_BLOCK
-    assert any(c.kernel == "segments" for c in new) == long_row
-    assert set(new) <= set(configs.candidates(N, 2, layout))
+        assert cfg.kernel == "segments" and cfg.x16 and not (cfg.w_shift or cfg.row_edges or cfg.reload)
+        assert cfg.block // (32 * cfg.num_warps) in (64, 128)
+    assert set(tried) <= set(configs.candidates(N, 2, layout))
+    for N, size, layout in ((16384, 2, ALIGNED), (65536, 4, ALIGNED), (65537, 2, GENERIC)):
+        assert configs._x16_segments(N, size, layout) == []
+    assert configs.new_candidates(N, 2, layout) == []
 
 
-def test_no_new_candidates_for_fp32_short_or_generic_rows():
-    for N, size, layout in ((4097, 4, SPLIT), (65536, 4, ALIGNED), (4097, 2, GENERIC), (2048, 2, ALIGNED),
-                            (1001, 2, SPLIT)):
-        assert configs.new_candidates(N, size, layout) == []
-
-
-def test_flat_geometry_and_constexprs():
-    cfg = Config("flat", 8192, 1, 8, x16=True, w_period=True)
-    assert str(cfg) == "flat[TILE=8192,w=8][x16][w-period]"
-    assert configs.flat_span(cfg, 4097) == 3 and configs.flat_slots(cfg, 4097) == 2
-    assert configs.flat_span(cfg, 65536) == 2 and configs.flat_slots(cfg, 65536) == 9
-    # the periodic copy: the first multiple of N that is a multiple of 16 bytes
-    assert [configs.flat_period(N, 2) for N in (4097, 4098, 4100, 4096)] == [8 * 4097, 4 * 4098, 2 * 4100, 4096]
-    assert configs.flat_period(101, 4) == 404
-    consts = configs.kernel_constexprs(cfg, 4097, 2, SPLIT, True)
-    assert consts == {"TILE": 8192, "SPAN": 3, "SPAN_P2": 4, "SLOTS": 2, "V": 8, "HAS_W": True, "W_PERIOD": True,
-                      "X16": True}
-    assert configs.kernel_constexprs(cfg, 4097, 2, SPLIT, False)["W_PERIOD"] is False
-    seg = configs.kernel_constexprs(Config("segments", 16384, 1, 4, x16=True), 65536, 2, ALIGNED, True)
+def test_x16_constexprs_and_name():
+    cfg = Config("segments", 16384, 1, 4, x16=True)
+    assert str(cfg) == "segments[SEG=16384,w=4][x16]"
+    seg = configs.kernel_constexprs(cfg, 65536, 2, ALIGNED, True)
     assert seg["X16"] is True and seg["RELOAD"] is False
+    assert configs.kernel_constexprs(Config("segments", 16384, 1, 4), 65536, 2, ALIGNED, True)["X16"] is False
 
 
-@pytest.mark.parametrize("cfg, N, size, layout, match", [
-    (Config("flat", 8192), 4097, 2, GENERIC, "contiguous rows"),
-    (Config("flat", 64), 7, 2, SPLIT, "two 16-byte vectors"),
-    (Config("flat", 16384), 2049, 2, SPLIT, "rows a tile"),             # 9 rows a tile
-    (Config("flat", 4096), 262144, 2, ALIGNED, "tiles a row"),          # 65 tiles a row
-    (Config("flat", 8192, x16=True), 4097, 4, SPLIT, "x16"),
-    (Config("segments", 16384, x16=True, reload=True), 65536, 2, ALIGNED, "x16"),
-    (Config("rows", 4096, x16=True), 4096, 2, ALIGNED, "x16"),
-    (Config("segments", 16384, w_period=True), 65536, 2, ALIGNED, "w_period"),
+@pytest.mark.parametrize("cfg, N, size, layout", [
+    (Config("segments", 16384, x16=True), 65536, 4, ALIGNED),             # FP32 x
+    (Config("segments", 16384, x16=True, reload=True), 65536, 2, ALIGNED),
+    (Config("rows", 4096, x16=True), 4096, 2, ALIGNED),
 ])
-def test_validate_rejects_flat_and_x16_configs_that_cannot_serve(cfg, N, size, layout, match):
-    with pytest.raises(ValueError, match=match):
+def test_validate_rejects_x16_configs_that_cannot_serve(cfg, N, size, layout):
+    with pytest.raises(ValueError, match="x16"):
         configs.validate(cfg, N, size, layout)
-
-
-def test_flat_kernel_moves_x_y_and_the_periodic_weight_as_16_byte_vectors():
-    # FP16 flat[8192,w=16] on rows of 4097: 16 values a thread, 2 vectors: x and y 2 LDG/STG.128
-    # each and, with w_period, w 2 LDG.128 (.cg); scalar w instead: a U16 load a value.
-    pytest.importorskip("triton")
-    periodic = _sass(configs._spec("fp16", SPLIT, Config("flat", 8192, 1, 16, x16=True, w_period=True), 4097))
-    scalar = _sass(configs._spec("fp16", SPLIT, Config("flat", 8192, 1, 16, x16=True), 4097))
-    for sass in (periodic, scalar):
-        assert sass.count("LDG.E.128 ") == 2 and sass.count("STG.E.128 ") >= 2
-        assert "ATOMG.E.ADD.STRONG.GPU" in sass and "MEMBAR.ALL.GPU" in sass
-    assert periodic.count("LDG.E.128.STRONG.GPU ") >= 2 and periodic.count("LDG.E.U16 ") <= 8
-    assert scalar.count("LDG.E.U16 ") >= 16
-    assert "CALL" not in periodic  # no 64-bit division subroutine (kernels_flat._row_of)
 
 
 def test_x16_halves_the_registers_of_16_bit_segments():

@@ -237,8 +237,8 @@ def test_gradients_through_autograd_match_aten(dtype, N, has_w):
 
 @pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8)),
                                     (4097, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)),
-                                    (4097, Config("flat", 8192, 1, 8, x16=True, w_period=True))],
-                         ids=["rows", "chunked", "segments", "rows-w-shift", "flat"])
+                                    (65536, Config("segments", 16384, 1, 4, x16=True))],
+                         ids=["rows", "chunked", "segments", "rows-w-shift", "segments-x16"])
 def test_cuda_graph_capture_and_replay(N, cfg):
     static_x = rand(256, N, dtype=torch.float16)
     w = rand_weight(N, torch.float16)
@@ -318,12 +318,7 @@ LAUNCH_CASES = {
     "segments-split-w-shift": (65537, None, Config("segments", 8192, 1, 8, w_shift=True)),
     "segments-aligned-reload": (65536, None, Config("segments", 16384, 1, 4, reload=True)),
     "segments-split-w-shift-reload": (65537, None, Config("segments", 8192, 1, 4, w_shift=True, reload=True)),
-    # the flat kernel (contiguous rows only): periodic and scalar w, short rows (5 rows a tile),
-    # rows over 9 tiles, M*N not a multiple of 16 bytes (the last tile's scalar tail)
-    "flat-split-w-period": (4097, None, Config("flat", 8192, 1, 8, w_period=True)),
-    "flat-split-scalar-w": (8193, None, Config("flat", 16384, 1, 8)),
-    "flat-short-rows": (1001, None, Config("flat", 4096, 1, 4, w_period=True)),
-    "flat-aligned-long": (65536, None, Config("flat", 8192, 1, 8, w_period=True)),
+    "segments-aligned-x16": (114688, None, Config("segments", 16384, 1, 4, x16=True)),
 }
 
 
@@ -399,19 +394,17 @@ def test_every_sweep_candidate_is_correct(dtype, N):
         torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
 
 
-@pytest.mark.parametrize("dtype, N", [(torch.float16, 4097), (torch.float16, 8193), (torch.bfloat16, 16385),
-                                      (torch.bfloat16, 4097), (torch.float16, 65536), (torch.float16, 114688),
-                                      (torch.bfloat16, 262144), (torch.float16, 4096)])
-def test_every_new_sweep_candidate_is_correct(dtype, N):
-    # what ``sweep.py --new`` times: flat tiles and 16-bit segments keeping x as loaded (x16)
+@pytest.mark.parametrize("dtype, N", [(torch.float16, 65536), (torch.float16, 114688), (torch.bfloat16, 262144)])
+def test_every_x16_segments_candidate_is_correct(dtype, N):
+    # what the full sweep times on long 16-bit rows: segments keeping x as loaded (x16)
     M = 19
     x = rand(M, N, dtype=dtype)
     w = rand_weight(N, dtype)
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     layout = configs.row_layout(N, N, True, x.element_size())
-    new = configs.new_candidates(N, x.element_size(), layout)
-    assert new
-    for cfg in new:
+    candidates = configs._x16_segments(N, x.element_size(), layout)
+    assert candidates
+    for cfg in candidates:
         y = torch.full_like(x, float("nan"))
         rstd = torch.full((M, 1), float("nan"), device="cuda")
         launcher.launch(x, w, y, rstd, 1e-6, cfg)
@@ -446,52 +439,6 @@ def test_compiled_model_with_tilefly_enabled_runs_and_matches():
     torch.testing.assert_close(compiled(x), expected, rtol=1e-2, atol=1e-2)
 
 
-FLAT_CONFIGS = [Config("flat", 8192, 1, 8, x16=True, w_period=True), Config("flat", 16384, 1, 8, x16=True),
-                Config("flat", 32768, 1, 16, x16=True, w_period=True)]
-
-
-@pytest.mark.parametrize("cfg", FLAT_CONFIGS, ids=str)
-@pytest.mark.parametrize("dtype, M, N", [(torch.float16, 2049, 8193), (torch.bfloat16, 4095, 4097),
-                                         (torch.float16, 1, 16385), (torch.bfloat16, 3, 262143),
-                                         (torch.float16, 300, 65536)])
-def test_flat_kernel_on_many_tiles_and_odd_sizes(dtype, M, N, cfg):
-    # thousands of tiles waiting on their neighbours by tickets (no deadlock), M*N odd (the last
-    # tile's scalar tail), one row, rows over many tiles; every output written (poisoned first)
-    try:
-        configs.validate(cfg, N, 2, configs.row_layout(N, N, True, 2))
-    except ValueError:
-        pytest.skip(f"{cfg} does not serve rows of {N}")
-    x = rand(M, N, dtype=dtype)
-    w = rand_weight(N, dtype)
-    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
-    for has_w in (True, False):
-        y = torch.full_like(x, float("nan"))
-        rstd = torch.full((M, 1), float("nan"), device="cuda")
-        for _ in range(2):                                   # a second launch: fresh workspace
-            launcher.launch(x, w if has_w else None, y, rstd, 1e-6, cfg)
-        torch.cuda.synchronize()
-        want = y_ref if has_w else reference(x, 1, None, 1e-6)[0]
-        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
-        torch.testing.assert_close(y.double(), want, rtol=TOL[dtype], atol=TOL[dtype])
-
-
-@pytest.mark.parametrize("N", [4097, 65536])
-def test_flat_kernel_nan_inf_eps_and_a_weight_changed_in_place(N):
-    cfg = Config("flat", 8192, 1, 8, x16=True, w_period=True)
-    x = rand(6, N, dtype=torch.bfloat16)
-    x[1, 3], x[2, N // 2], x[3, N - 1] = float("nan"), float("inf"), -float("inf")
-    x[4] = 0.0
-    w = rand_weight(N, torch.bfloat16)
-    for eps in (0.0, None, 1.0):
-        y, rstd = eager.rms_norm_forward(x, [N], w, eps, kernel_config=cfg)
-        y_ref, rstd_ref = reference(x, 1, w, eps)
-        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, equal_nan=True)
-        torch.testing.assert_close(y.double(), y_ref, rtol=1.6e-2, atol=1.6e-2, equal_nan=True)
-    w.data.mul_(-1.5)                                        # the periodic copy is written per launch
-    y, _ = eager.rms_norm_forward(x, [N], w, 1e-6, kernel_config=cfg)
-    torch.testing.assert_close(y.double(), reference(x, 1, w, 1e-6)[0], rtol=1.6e-2, atol=1.6e-2, equal_nan=True)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("cfg", [Config("segments", 16384, 1, 4, x16=True), Config("segments", 32768, 1, 16, x16=True)],
                          ids=str)
@@ -505,9 +452,3 @@ def test_segments_keeping_16_bit_x(dtype, cfg):
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
     torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
-
-
-def test_flat_kernel_refuses_row_slices():
-    x = rand(64, 4105, dtype=torch.float16)[:, :4097]
-    with pytest.raises(ValueError, match="contiguous rows"):
-        eager.rms_norm_forward(x, [4097], None, 1e-6, kernel_config=Config("flat", 8192, 1, 8))

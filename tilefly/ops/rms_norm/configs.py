@@ -9,7 +9,6 @@ sweeps (see the constants' comments).
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 
 from tilefly._interpreter import numpy_compat
@@ -29,18 +28,13 @@ CHUNK_STAGES = 3             # cp.async depth: 3 won 3 of those 4 (FP16 65536 to
 CHUNK_PROGRAMS_PER_SM = 2    # 2 won every chunked case, even rows of 448 KB
 SPLIT_MIN_N = 64             # below this an unaligned row is a few scalars anyway: GENERIC
 MAX_SEGMENTS = 16            # segments kernel: CTAs per row, at most (forward progress, kernels.py)
-MAX_FLAT_SPAN = 5            # flat kernel: rows one tile may touch (a masked sum each), at most
-MAX_FLAT_SLOTS = 34          # flat kernel: tiles one row may touch, at most (forward progress,
-                             #   kernels_flat.py; 34: rows of 262144 in tiles of 8192)
 
 
 @dataclass(frozen=True)
 class Config:
-    kernel: str                # "rows" (row in registers), "chunked" (two passes), "segments"
-                               # (a row over several CTAs, each piece in registers; kernels.py) or
-                               # "flat" (contiguous rows as one flat array of tiles; kernels_flat.py)
-    block: int                 # rows: BLOCK_N, power of two >= the row body; chunked: CHUNK;
-                               # segments: SEG; flat: TILE
+    kernel: str                # "rows" (row in registers), "chunked" (two passes) or "segments"
+                               # (a row over several CTAs, each piece in registers; kernels.py)
+    block: int                 # rows: BLOCK_N, power of two >= the row body; chunked: CHUNK; segments: SEG
     rows: int = 1              # rows kernel: rows per program (power of two)
     num_warps: int = 8
     stages: int = 1            # chunked: software-pipeline depth of the chunk loops (1 = none)
@@ -50,18 +44,14 @@ class Config:
                                # launch (16-byte w loads; kernels.py, W_SHIFT)
     row_edges: bool = False    # rows kernel, SPLIT rows: head/tail a row at a time (ROW_EDGES)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
-    x16: bool = False          # segments and flat kernels, 16-bit x: keep x as loaded across the
-                               # row sync (X16, kernels.py)
-    w_period: bool = False     # flat kernel: w through a periodic copy written in the launch
-                               # (16-byte w loads; W_PERIOD, kernels_flat.py)
+    x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
+                               # (X16, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
             text = f"rows[BLOCK_N={self.block},ROWS={self.rows},w={self.num_warps}]"
         elif self.kernel == "segments":
             text = f"segments[SEG={self.block},w={self.num_warps}]"
-        elif self.kernel == "flat":
-            text = f"flat[TILE={self.block},w={self.num_warps}]"
         else:
             text = (f"chunked[CHUNK={self.block},w={self.num_warps},stages={self.stages},"
                     f"per_sm={self.programs_per_sm}]")
@@ -73,8 +63,6 @@ class Config:
             text += "[reload]"
         if self.x16:
             text += "[x16]"
-        if self.w_period:
-            text += "[w-period]"
         return text if self.split else text + "[no-split]"
 
 
@@ -103,22 +91,6 @@ def segments(config: Config, N: int, element_size: int, layout: str) -> int:
     return -(-max(max_body(N, element_size, layout), 1) // config.block)
 
 
-def flat_span(config: Config, N: int) -> int:
-    """Rows one tile of the flat kernel may touch (kernels_flat.py)."""
-    return (config.block - 1) // N + 2
-
-
-
-def flat_slots(config: Config, N: int) -> int:
-    """Tiles one row of the flat kernel may touch (kernels_flat.py)."""
-    return (N - 1) // config.block + 2
-
-
-def flat_period(N: int, element_size: int) -> int:
-    """The first multiple of N that is a multiple of a 16-byte vector: the periodic copy of w."""
-    return N * (vec(element_size) // math.gcd(N, vec(element_size)))
-
-
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -138,7 +110,7 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),                  # fp16 4096x8192    38.2 =
     (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),                # fp16 2048x16384   39.0, bf16 38.6
     (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),      # fp16 2048x65536  160.5
-    (2, ALIGNED, 131072): Config("chunked", 16384, 1, 16, 3, 2),     # fp16 2048x114688 306.9
+    (2, ALIGNED, 131072): Config("segments", 16384, 1, 4, x16=True), # fp16 2048x114688 267.0 (chunked 300.6)
     (2, SPLIT, 4096): Config("rows", 4096, 1, 4),                    # fp16 8192x4097    44.2, bf16 43.5
     (2, SPLIT, 8192): Config("rows", 8192, 1, 4),                    # fp16 4096x8193    47.5
     (2, SPLIT, 16384): Config("chunked", 4096, 1, 16, 1, 2),         # fp16 2048x16385   55.9, bf16 56.6
@@ -163,8 +135,7 @@ def heuristic(N: int, element_size: int, layout: str) -> Config:
 
 
 def rule(N: int, element_size: int, layout: str) -> Config:
-    """The heuristic where TUNED is silent (and for row slices where TUNED names the flat
-    kernel, which needs contiguous rows: launcher._jit_launch)."""
+    """The heuristic where TUNED is silent."""
     block = row_block(N, element_size, layout)
     if block <= ONE_PASS_MAX_BLOCK:
         rows = min(MAX_ROWS, max(1, ROW_TILE_ELEMS // block))
@@ -176,7 +147,7 @@ def rule(N: int, element_size: int, layout: str) -> Config:
 def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     """Raise ValueError for a config that cannot serve rows of N (used for sweep overrides)."""
     pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
-    if config.kernel not in ("rows", "chunked", "segments", "flat"):
+    if config.kernel not in ("rows", "chunked", "segments"):
         raise ValueError(f"unknown kernel {config.kernel!r}")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
@@ -187,18 +158,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.kernel == "flat":
-        if layout == GENERIC:
-            raise ValueError(f"{config}: the flat kernel needs contiguous rows and x 16-byte aligned")
-        if N < 2 * vec(element_size):  # a 16-byte vector then holds pieces of three rows
-            raise ValueError(f"{config}: the flat kernel needs rows of at least two 16-byte vectors")
-        if flat_span(config, N) > MAX_FLAT_SPAN or flat_slots(config, N) > MAX_FLAT_SLOTS:
-            raise ValueError(f"{config}: rows of N={N} touch up to {flat_span(config, N)} rows a tile and "
-                             f"{flat_slots(config, N)} tiles a row (at most {MAX_FLAT_SPAN} and {MAX_FLAT_SLOTS})")
-    if config.x16 and (element_size != 2 or config.kernel not in ("segments", "flat") or config.reload):
-        raise ValueError(f"{config}: x16 is for 16-bit x in the segments (without reload) and flat kernels")
-    if config.w_period and config.kernel != "flat":
-        raise ValueError(f"{config}: w_period is a flat-kernel switch")
+    if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
+        raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -230,33 +191,20 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs not yet measured on the GPU (``sweep.py --new`` times only these, the heuristic's
-    pick and ATen), for the 16-bit cases below 3.5 TB/s:
-    - the flat kernel (kernels_flat.py) on contiguous 16-bit rows of 4K and longer, unaligned
-      (SPLIT) or not: tiles of 8-32K elements at 32, 64 or 128 values a thread (the per-tile
-      work, ~800 SASS instructions a thread, wants many values a thread: ~9 more per value),
-      x kept as 16-bit across the row sync (x16), w through the periodic copy (w_period); one
-      tile with scalar w loads, to see what the copy buys;
-    - long 16-bit rows: segments that keep their piece as 16-bit across the row sync (x16), 64
-      or 128 values a thread (FP32's winner holds 64 FP32 values; 16-bit segments of 128 values
-      held as FP32 took ~220 registers and lost)."""
-    if element_size != 2 or layout == GENERIC or N < 4096:
+    """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
+    pick and ATen. None are pending: the last round (kept in ``tried_candidates``) put 16-bit
+    segments with x16 into TUNED for rows of 114688."""
+    return []
+
+
+def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
+    """Long 16-bit rows: segments keeping their piece as loaded across the row sync, 64 or 128
+    values a thread."""
+    if element_size != 2 or layout == GENERIC or max_body(N, element_size, layout) <= 2 * ONE_PASS_MAX_BLOCK:
         return []
-    out = []
-    flat = [Config("flat", 8192, 1, 8, x16=True, w_period=True), Config("flat", 16384, 1, 8, x16=True, w_period=True),
-            Config("flat", 16384, 1, 16, x16=True, w_period=True), Config("flat", 32768, 1, 16, x16=True, w_period=True),
-            Config("flat", 32768, 1, 8, x16=True, w_period=True), Config("flat", 16384, 1, 8, x16=True)]
-    if layout == ALIGNED:  # w is aligned there: the scalar-w tile has nothing to show
-        flat = flat[:2] if N < 4 * ONE_PASS_MAX_BLOCK else [flat[1], flat[3], flat[4]]
-    for cfg in flat:
-        if flat_span(cfg, N) <= MAX_FLAT_SPAN and flat_slots(cfg, N) <= MAX_FLAT_SLOTS:
-            out.append(cfg)
-    if max_body(N, element_size, layout) > 2 * ONE_PASS_MAX_BLOCK:
-        for cfg in (Config("segments", 16384, 1, 4, x16=True), Config("segments", 16384, 1, 8, x16=True),
-                    Config("segments", 32768, 1, 8, x16=True), Config("segments", 32768, 1, 16, x16=True)):
-            if 2 <= segments(cfg, N, element_size, layout) <= MAX_SEGMENTS:
-                out.append(cfg)
-    return list(dict.fromkeys(out))
+    return [cfg for cfg in (Config("segments", 16384, 1, 4, x16=True), Config("segments", 16384, 1, 8, x16=True),
+                            Config("segments", 32768, 1, 8, x16=True), Config("segments", 32768, 1, 16, x16=True))
+            if 2 <= segments(cfg, N, element_size, layout) <= MAX_SEGMENTS]
 
 
 def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -267,8 +215,15 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       TB/s at best, 2048x16385: 2.98);
     - long ALIGNED 16-bit rows: segments with 128 values (256 bytes) per thread held as FP32
       (SASS: 219-233 registers), and segments that reload their piece after the row sync
-      (reload), 64 or 128 values a thread (FP16 2048x65536: 3.20 TB/s at best)."""
-    out = []
+      (reload), 64 or 128 values a thread (FP16 2048x65536: 3.20 TB/s at best);
+    - long 16-bit rows, segments with x16 (``_x16_segments``): SEG=16384 over 4 warps won FP16
+      2048x114688 (267.0 us, 3.52 TB/s, against chunked's 300.6) and tied 2048x65536 (156.6 against
+      157.3), so TUNED takes it for the former only.
+    A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
+    reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
+    on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
+    tiles of 32768 elements."""
+    out = _x16_segments(N, element_size, layout)
     block = row_block(N, element_size, layout)
     if layout == SPLIT:
         pick = heuristic(N, element_size, layout)
@@ -305,14 +260,10 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
 _TRITON_DTYPE = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 _ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
 _KERNEL_NAME = {"rows": "rms_norm_rows_kernel", "chunked": "rms_norm_chunked_kernel",
-                "segments": "rms_norm_segments_kernel", "flat": "rms_norm_flat_kernel"}
+                "segments": "rms_norm_segments_kernel"}
 
 
 def _kernel(name: str):
-    if name == "rms_norm_flat_kernel":
-        from tilefly.ops.rms_norm import kernels_flat
-
-        return kernels_flat.rms_norm_flat_kernel
     from tilefly.ops.rms_norm import kernels
 
     return getattr(kernels, name)
@@ -325,10 +276,6 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
         head = {"BLOCK_N": config.block, "ROWS": config.rows}
     elif config.kernel == "chunked":
         head = {"CHUNK": config.block, "STAGES": config.stages}
-    elif config.kernel == "flat":
-        return {"TILE": config.block, "SPAN": flat_span(config, N), "SPAN_P2": _pow2(flat_span(config, N)),
-                "SLOTS": flat_slots(config, N),
-                "V": vec(element_size), "HAS_W": has_w, "W_PERIOD": config.w_period and has_w, "X16": config.x16}
     else:
         head = {"SEG": config.block, "SEGMENTS": segments(config, N, element_size, layout)}
     return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
@@ -352,9 +299,6 @@ def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
     if config.kernel == "segments":
         signature.update({"SYNC": "*i32", "PARTIAL": "*fp32"})
         pointers += [8, 9]
-    elif config.kernel == "flat":
-        signature.update({"SYNC": "*i32", "PARTIAL": "*fp32", "WREP": ptr, "PERIOD": "i32"})
-        pointers += [8, 9, 10]
     constexprs = kernel_constexprs(config, N, _ELEMENT_SIZE[dtype], layout, has_w)
     signature.update({k: "constexpr" for k in constexprs})
     # Pointers 16-byte aligned as at run time (fresh outputs; ALIGNED/SPLIT need x aligned):
@@ -368,14 +312,12 @@ def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
             must = ("LDGSTS.E.BYPASS.128", "STG.E.EF.128")
         else:
             must = ("STG.E.EF.128",)
-    if config.kernel in ("segments", "flat"):  # the row sync: release/acquire atomics at GPU scope
+    if config.kernel == "segments":  # the row sync: release/acquire atomics at GPU scope
         must += ("ATOMG.E.ADD.STRONG.GPU", "MEMBAR.ALL.GPU")
     if must:
         extra["sass_must_contain"] = must
     extra["max_local_bytes"] = _SPILLS_ALLOWED.get((dtype, layout, config), 0)
     pieces = f",x{constexprs['SEGMENTS']}" if config.kernel == "segments" else ""
-    if config.kernel == "flat":
-        pieces = f",N={N}"
     return KernelSpec(f"rms_norm.{config.kernel}[{dtype},{layout},{config}{pieces}{'' if has_w else ',no-w'}]",
                       functools.partial(_kernel, _KERNEL_NAME[config.kernel]), signature, constexprs,
                       num_warps=config.num_warps, num_stages=max(config.stages, 1), **extra)
@@ -425,14 +367,7 @@ def compile_specs():
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4), 65536)
     add("bf16", ALIGNED, Config("segments", 16384, 1, 4, reload=True), 114688)
     add("fp16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True, reload=True), 65537, has_w=False)
-    # sweep.py --new candidates of this round: the flat kernel (periodic or scalar w, unaligned
-    # and aligned rows, short and long) and 16-bit segments that keep x as loaded (x16).
-    add("fp16", SPLIT, Config("flat", 8192, 1, 8, x16=True, w_period=True), 4097)
-    add("bf16", SPLIT, Config("flat", 16384, 1, 8, x16=True, w_period=True), 16385)
-    add("fp16", SPLIT, Config("flat", 16384, 1, 8, x16=True), 8193)
-    add("fp16", SPLIT, Config("flat", 16384, 1, 16, x16=True, w_period=True), 4097, has_w=False)
-    add("bf16", ALIGNED, Config("flat", 32768, 1, 16, x16=True, w_period=True), 114688)
-    add("fp16", ALIGNED, Config("flat", 32768, 1, 8, x16=True, w_period=True), 65536)
+    # 16-bit segments that keep x as loaded (x16): TUNED's long rows, a wider variant
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True), 65536)
     add("bf16", ALIGNED, Config("segments", 32768, 1, 16, x16=True), 262144)
     for dtype in ("fp16", "fp32"):
@@ -539,30 +474,16 @@ def interpreter_checks():
                              ("bf16", 2, 1024, Config("segments", 256, 1, 4, reload=True))):
         flags = "-w-shift" * cfg.w_shift + "-row-edges" * cfg.row_edges + "-reload" * cfg.reload
         cases.append((f"{cfg.kernel}{flags}[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
-    # The flat kernel: tiles of 64-256 (rows touching 2-5 tiles, tiles touching 2-5 rows, the
-    # last < 16 bytes of x in the last tile), periodic and scalar w, x16, one row, no weight;
-    # 16-bit segments with x16.
-    for dtype, M, N, cfg in (("fp16", 5, 1001, Config("flat", 256, 1, 4, x16=True, w_period=True)),
-                             ("bf16", 5, 1001, Config("flat", 256, 1, 4)),
-                             ("fp16", 7, 75, Config("flat", 256, 1, 4, w_period=True)),
-                             ("bf16", 3, 203, Config("flat", 64, 1, 2, x16=True, w_period=True)),
-                             ("fp32", 7, 101, Config("flat", 256, 1, 4, w_period=True)),
-                             ("fp32", 3, 1001, Config("flat", 256, 1, 4)),
-                             ("fp16", 1, 300, Config("flat", 64, 1, 4, w_period=True)),
-                             ("fp16", 3, 1024, Config("segments", 256, 1, 4, x16=True)),
+    # 16-bit segments keeping x as loaded (x16)
+    for dtype, M, N, cfg in (("fp16", 3, 1024, Config("segments", 256, 1, 4, x16=True)),
                              ("bf16", 3, 1001, Config("segments", 256, 1, 4, x16=True))):
-        flags = "-x16" * cfg.x16 + "-w-period" * cfg.w_period
-        cases.append((f"{cfg.kernel}{flags}[{dtype},M={M},N={N},TILE={cfg.block}]", (dtype, M, N, True, cfg)))
-    cases.append(("flat-no-w[fp16,N=1024]", ("fp16", 4, 1024, False, Config("flat", 256, 1, 4, w_period=True))))
-    cases.append(("flat-eps-none[bf16,N=4097]", ("bf16", 2, 4097, True, Config("flat", 2048, 1, 4, w_period=True),
-                                                 None, None)))
+        cases.append((f"{cfg.kernel}-x16[{dtype},M={M},N={N},SEG={cfg.block}]", (dtype, M, N, True, cfg)))
     cases.append(("w-shift-no-w[fp16,N=1001]",
                   ("fp16", 3, 1001, False, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True))))
     cases.append(("w-shift-strided[fp16,N=100,stride=131]",
                   ("fp16", 4, 100, True, Config("rows", 128, 1, 4, w_shift=True, row_edges=True), 131)))
     for kernel, cfg in (("rows", None), ("chunked", chunked(256)), ("segments", Config("segments", 256, 1, 4)),
-                        ("rows-w-shift", Config("rows", 1024, 2, 4, w_shift=True, row_edges=True)),
-                        ("flat", Config("flat", 256, 1, 4, w_period=True))):
+                        ("rows-w-shift", Config("rows", 1024, 2, 4, w_shift=True, row_edges=True))):
         cases.append((f"nan-inf-{kernel}[bf16,N=1001,eps=0]", ("bf16", 4, 1001, True, cfg, None, 0.0, True)))
     checks = [(name, functools.partial(_interpreter_case, *args)) for name, args in cases]
     op_cases = [

@@ -110,7 +110,6 @@ first and keeps the FP32 values alive; an identity PTX move (inline asm, a regis
 values) between them keeps them apart (keep_16_bit). Toy check, 128 FP16 values a thread, 4
 warps: 152 registers as FP32, 96 with X16, +128 instructions. Triton's interpreter runs no
 inline asm, so under TRITON_INTERPRET the move is left out (same values; only registers differ).
-The flat kernel for contiguous rows of any N is in kernels_flat.py.
 """
 import os
 

@@ -30,19 +30,16 @@ class Entry:
     """One compiled kernel, ready for Triton's C launcher."""
 
     __slots__ = ("compiled", "direct", "function", "meta", "coop", "pdl", "consts", "kernel",
-                 "rows_per_program", "programs", "segments", "shift", "flat")
+                 "rows_per_program", "programs", "segments", "shift")
 
     def __init__(self):
         self.shift = None  # W_SHIFT: the Entry of the kernel writing w's shifted copies first
-        self.flat = None   # flat kernel: FlatPlan (tiles, workspace sizes)
 
     def grid(self, M: int) -> int:
         if self.kernel == "chunked":
             return min(M, self.programs)
         if self.kernel == "segments":
             return M * self.segments
-        if self.kernel == "flat":
-            return -(-M * self.flat.N // self.flat.tile)
         return -(-M // self.rows_per_program)
 
 
@@ -75,9 +72,6 @@ def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
     y_ptr, rstd_ptr = y.data_ptr(), rstd.data_ptr()
     size = x.element_size()
     layout = configs.row_layout(N, stride, x_ptr % 16 == 0, size, cfg is None or cfg.split)
-    if cfg is not None and cfg.kernel == "flat" and stride != N and M > 1:
-        # an explicit flat config on row slices (the heuristic's pick falls back in _jit_launch)
-        raise ValueError(f"{cfg}: the flat kernel needs contiguous rows (row stride {stride}, N={N})")
     index = x.get_device()
     if index >= 0 and index != torch._C._cuda_getDevice():
         # A Python kernel gets no device guard from the dispatcher; Triton launches on the current one.
@@ -85,7 +79,7 @@ def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
             return launch_rows(x, w, y, rstd, M, N, stride, eps, cfg)
     device = x.device
     key = (device, x.dtype, N, layout, stride % 16 == 0, stride == 1, w is None, w_ptr % 16 == 0,
-           (y_ptr | rstd_ptr) % 16 == 0, cfg, stride == N)
+           (y_ptr | rstd_ptr) % 16 == 0, cfg)
     entry = _entries.get(key)
     if entry is None or _hooks.calls:
         return _jit_launch(key, layout, x, w, y, rstd, M, N, stride, float(eps), cfg)
@@ -97,10 +91,6 @@ def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
     if entry.segments:
         sync, partial = _workspace(x, M, entry.segments)  # freed after the launch: stream-ordered reuse
         args += (sync.data_ptr(), partial.data_ptr())
-    elif entry.flat is not None:
-        sync, partial, w_period = entry.flat.workspace(x, M)
-        args += (sync.data_ptr(), partial.data_ptr(), (w_period if w_period is not None else x).data_ptr(),
-                 entry.flat.period)
     _call(entry, entry.grid(M), index, args)
     return entry
 
@@ -116,7 +106,7 @@ def run_plan(plan, x, w, y, rstd, eps) -> None:
             plan.guard and plan.index != torch._C._cuda_getDevice()):
         entry = launch_rows(x, w, y, rstd, plan.M, plan.N, plan.stride, eps)
         if (entry is not None and entry.direct and not entry.segments and entry.shift is None
-                and entry.flat is None and not (x_ptr | w_ptr) & 15):
+                and not (x_ptr | w_ptr) & 15):
             plan.fast = (entry.direct, entry.grid(plan.M), entry.function, entry.coop, entry.pdl,
                          entry.meta, plan.M, plan.N, plan.stride, entry.consts)
         return
@@ -141,25 +131,6 @@ def _workspace(x: torch.Tensor, M: int, segments: int) -> tuple:
             torch.empty(M * segments, dtype=torch.float32, device=x.device))
 
 
-class FlatPlan:
-    """The flat kernel's tiling of rows of N and its per-launch workspace (kernels_flat.py)."""
-
-    __slots__ = ("N", "tile", "slots", "period", "w_period")
-
-    def __init__(self, N: int, constexprs: dict, element_size: int):
-        self.N, self.tile, self.slots = N, constexprs["TILE"], constexprs["SLOTS"]
-        self.period = configs.flat_period(N, element_size)
-        self.w_period = constexprs["W_PERIOD"]
-
-    def workspace(self, x: torch.Tensor, M: int) -> tuple:
-        """SYNC (zeroed: ticket counter, copy-ready counter, one arrival counter per row),
-        PARTIAL (M x slots FP32) and, with W_PERIOD, the periodic copy of w (None otherwise)."""
-        sync = torch.zeros(M + 2, dtype=torch.int32, device=x.device)
-        partial = torch.empty(M * self.slots, dtype=torch.float32, device=x.device)
-        w_period = torch.empty(self.period + self.tile, dtype=x.dtype, device=x.device) if self.w_period else None
-        return sync, partial, w_period
-
-
 # Elements of w per program of the shifted-copies kernel (each writes them to all V copies).
 SHIFT_BLOCK = 1024
 
@@ -181,14 +152,12 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     _hooks = triton.knobs.runtime.launch_enter_hook
     size = x.element_size()
     cfg_ = cfg or configs.heuristic(N, size, layout)
-    if cfg is None and cfg_.kernel == "flat" and stride != N and M > 1:
-        cfg_ = configs.rule(N, size, layout)  # row slices: the flat kernel needs contiguous rows
     configs.validate(cfg_, N, size, layout)
     constexprs = configs.kernel_constexprs(cfg_, N, size, layout, w is not None)
     entry = Entry()
     entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
     args = [x, x if w is None else w, y, rstd, M, N, stride, eps]
-    if constexprs.get("W_SHIFT"):
+    if constexprs["W_SHIFT"]:
         v = constexprs["V"]
         args[1] = _shifted_weight(w, N, v)
         shift = Entry()
@@ -203,20 +172,13 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     elif cfg_.kernel == "chunked":
         kernel = kernels.rms_norm_chunked_kernel
         entry.programs = (_device.sm_count(x) if x.is_cuda else 4) * cfg_.programs_per_sm
-    elif cfg_.kernel == "flat":
-        from tilefly.ops.rms_norm import kernels_flat
-
-        kernel = kernels_flat.rms_norm_flat_kernel
-        entry.flat = FlatPlan(N, constexprs, size)
-        sync, partial, w_period = entry.flat.workspace(x, M)
-        args += [sync, partial, x if w_period is None else w_period, entry.flat.period]
     else:
         kernel = kernels.rms_norm_segments_kernel
         entry.segments = constexprs["SEGMENTS"]
         args += _workspace(x, M, entry.segments)
     launch = kernel[(entry.grid(M),)]
     options = dict(num_warps=cfg_.num_warps, num_stages=cfg_.stages, **constexprs)
-    if cfg_.kernel in ("segments", "flat") and not x.is_cuda:
+    if cfg_.kernel == "segments" and not x.is_cuda:
         # The interpreter runs programs one after another; this kernel's programs wait for each other.
         from tilefly.ops.rms_norm.concurrent_interpreter import concurrent_programs
 
@@ -226,7 +188,7 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
         compiled = launch(*args, **options)
     if not x.is_cuda or not hasattr(compiled, "packed_metadata"):  # TRITON_INTERPRET
         return None
-    if constexprs.get("W_SHIFT") and entry.shift is None:  # a cached entry would skip the copies
+    if constexprs["W_SHIFT"] and entry.shift is None:  # a cached entry would skip the copies
         return None
     _fill(entry, compiled, tuple(constexprs.values()))
     _entries[key] = entry
