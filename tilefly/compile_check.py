@@ -79,20 +79,37 @@ def _tool(name: str) -> str:
 _RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
 
-def compile_one(spec: KernelSpec) -> CompileResult:
+def _compile(spec: KernelSpec):
     import triton
     from triton.backends.compiler import GPUTarget
 
+    fn = spec.kernel()
+    if spec.gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
+    src = Source(fn, spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs) or None)
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32), options=options)
+
+
+def ptxas_report(spec: KernelSpec) -> str:
+    """ptxas's verbose report on the spec's PTX for sm_90a: registers, and warnings that the cubin's
+    resource usage does not show, such as C7514 (every wgmma of the kernel serialized because other
+    instructions touch an accumulator while its wgmma is in flight)."""
+    compiled = _compile(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = f"{tmp}/kernel.ptx"
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        return subprocess.run([_tool("ptxas"), f"-arch=sm_{TARGET_ARCH}a", "-v", ptx, "-o", ptx + ".cubin"],
+                              capture_output=True, text=True, check=True).stderr
+
+
+def compile_one(spec: KernelSpec) -> CompileResult:
     start = time.perf_counter()
     try:
-        fn = spec.kernel()
-        if spec.gluon:
-            from triton.experimental.gluon._runtime import GluonASTSource as Source
-        else:
-            from triton.compiler import ASTSource as Source
-        src = Source(fn, spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs) or None)
-        options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-        compiled = triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32), options=options)
+        compiled = _compile(spec)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()

@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -164,20 +163,10 @@ def test_backward_wgmmas_are_not_serialized(kernel, cfg, d):
     """ptxas serializes every wgmma of a kernel (warning C7514) when an accumulator is touched while
     its wgmma is in flight."""
     pytest.importorskip("triton")
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from tilefly.compile_check import ptxas_report
 
     spec = configs.bwd_spec(kernel, configs.BWD_CONFIGS[cfg], "bf16", d, True)
-    src = GluonASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"],
-                                capture_output=True, text=True, check=True).stderr
+    report = ptxas_report(spec)
     assert "Used" in report and "C7514" not in report, report
 
 

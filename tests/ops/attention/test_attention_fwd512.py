@@ -3,9 +3,6 @@ its configs and compile specs, every spec compiled for sm_90a without spills or 
 wgmmas, and the launcher's refusals; on the H200, output and log-sum-exp against a float64 math
 reference (causal and not, Sq != Sk, GQA, tails, scale, NaN, strided layouts)."""
 import math
-import os
-import subprocess
-import tempfile
 
 import pytest
 import torch
@@ -68,20 +65,10 @@ def test_every_spec_compiles_for_sm90a_without_spills(spec):
 def test_wgmmas_are_not_serialized(config):
     """ptxas serializes every wgmma of a kernel (warning C7514) when other instructions touch an
     accumulator while its wgmma is in flight; the head-dim loop of Q K^T keeps one in flight."""
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from tilefly.compile_check import ptxas_report
 
     spec = kernels_fwd512.spec(kernels_fwd512.FWD512_CONFIGS[config], "bf16", True)
-    src = GluonASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"],
-                                capture_output=True, text=True, check=True).stderr
+    report = ptxas_report(spec)
     assert "Used" in report and "C7514" not in report, report
 
 

@@ -3,8 +3,6 @@ refuses and why, its configs and a compile of a few of them for sm_90a (the full
 tests/test_compile_check.py); on the H200, forward against a float64 math reference (output and
 log-sum-exp) and through the router with a database that picks it."""
 import math
-import os
-import tempfile
 
 import pytest
 import torch
@@ -155,22 +153,10 @@ def test_wgmmas_are_not_serialized(cfg, d):
     """ptxas serializes every wgmma of a kernel (warning C7514) when other instructions touch an
     accumulator while its wgmma is in flight: the schedule would silently lose its overlap."""
     pytest.importorskip("triton")
-    import subprocess
-
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from tilefly.compile_check import ptxas_report
 
     spec = configs.spec(configs.FWD_CONFIGS[cfg], "bf16", d, True)
-    src = GluonASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", ptx, "-o", ptx + ".cubin"],
-                                capture_output=True, text=True, check=True).stderr
+    report = ptxas_report(spec)
     assert "Used" in report and "C7514" not in report, report
 
 

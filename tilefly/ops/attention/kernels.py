@@ -160,16 +160,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     hk, sk = k.shape[1], k.shape[2]
     cfg = config_for(config, d, sq)
     kd = kernel_head_dim(d)
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or _tma_reason("out", out):
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot take this output")
-    if need_lse and lse is None:
-        lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
-    elif need_lse and (lse.shape != (b, hq, sq) or lse.dtype != torch.float32 or not lse.is_contiguous()):
-        raise ValueError(f"lse must be a contiguous float32 {(b, hq, sq)} tensor")
-    elif not need_lse:
-        lse = None
+    out, lse = forward_outputs(q, need_lse, out, lse)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     descs = (_descriptor(q, cfg.block_m, kd), _descriptor(k, cfg.block_n, kd), _descriptor(v, cfg.block_n, kd),
              _descriptor(out, cfg.block_m, kd))
@@ -179,6 +170,24 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                                    hq // hk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=kd,
                                    STAGES=cfg.stages(kd), CAUSAL=bool(causal), STORE_LSE=bool(need_lse),
                                    OVERLAP=cfg.overlap, num_warps=cfg.num_warps)
+    return out, lse
+
+
+def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
+                    lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward's (out, lse): the caller's, checked, or fresh ones (out like q, lse B x Hq x Sq
+    contiguous float32; None when not needed)."""
+    b, hq, sq, _ = q.shape
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or _tma_reason("out", out):
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot take this output")
+    if not need_lse:
+        return out, None
+    if lse is None:
+        lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    elif lse.shape != (b, hq, sq) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"lse must be a contiguous float32 {(b, hq, sq)} tensor")
     return out, lse
 
 

@@ -69,7 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import _load, _tile
+from tilefly.ops.attention.kernels_fwd import _load, _tile, key_tiles, prefetch_kv
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # Sizes vary per call; unspecialized, one binary per (config, dtype, D, causal).
@@ -265,18 +265,11 @@ def attention_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, d
     k_ready = alloc_barriers(STAGES)
     v_ready = alloc_barriers(STAGES)
 
-    n_tiles = gl.cdiv(Sk, BLOCK_N)
-    n_full = Sk // BLOCK_N
-    if CAUSAL:
-        n_tiles = gl.minimum(n_tiles, gl.cdiv(off_m + BLOCK_M, BLOCK_N))
-        n_full = gl.minimum(n_full, (off_m + 1) // BLOCK_N)
-
+    n_full, n_tiles = key_tiles(Sk, off_m, BLOCK_M, BLOCK_N, CAUSAL)
     mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, off_m, 0], q_bar.index(0), q_smem)
     tma.async_copy_global_to_shared(do_desc, [b, h, off_m, 0], q_bar.index(0), do_smem)
-    for i in gl.static_range(STAGES):
-        _load(k_desc, k_bufs, k_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
-        _load(v_desc, v_bufs, v_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
+    prefetch_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, n_tiles, b, hk, BLOCK_N, STAGES)
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse2, delta = _row_stats(lse_ptr, delta_ptr, bh, rows, Sq)

@@ -63,6 +63,27 @@ def _load(desc, bufs, ready, j, n_tiles, b, hk, BLOCK_N: gl.constexpr, STAGES: g
 
 
 @gluon.jit
+def key_tiles(Sk, off_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(n_full, n_tiles): the key tiles a row tile starting at off_m needs, of which the first
+    n_full need no mask (top-left causal: row i sees keys 0..i)."""
+    n_tiles = gl.cdiv(Sk, BLOCK_N)
+    n_full = Sk // BLOCK_N
+    if CAUSAL:
+        n_tiles = gl.minimum(n_tiles, gl.cdiv(off_m + BLOCK_M, BLOCK_N))
+        n_full = gl.minimum(n_full, (off_m + 1) // BLOCK_N)
+    return n_full, n_tiles
+
+
+@gluon.jit
+def prefetch_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, n_tiles, b, hk, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):
+    """Fill the key and value rings: tiles 0 .. STAGES-1 (those that exist)."""
+    for i in gl.static_range(STAGES):
+        _load(k_desc, k_bufs, k_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
+        _load(v_desc, v_bufs, v_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
+
+
+@gluon.jit
 def _tile(bufs, ready, j, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """Key (value) tile j as a [BLOCK_N, HEAD_DIM] operand, once it has landed."""
     slot = j % STAGES
@@ -189,18 +210,10 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, Sq, 
     k_ready = alloc_barriers(STAGES)
     v_ready = alloc_barriers(STAGES)
 
-    # Key tiles this row tile needs; the first n_full need no mask.
-    n_tiles = gl.cdiv(Sk, BLOCK_N)
-    n_full = Sk // BLOCK_N
-    if CAUSAL:
-        n_tiles = gl.minimum(n_tiles, gl.cdiv(off_m + BLOCK_M, BLOCK_N))
-        n_full = gl.minimum(n_full, (off_m + 1) // BLOCK_N)
-
+    n_full, n_tiles = key_tiles(Sk, off_m, BLOCK_M, BLOCK_N, CAUSAL)
     mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, off_m, 0], q_bar.index(0), q_smem)
-    for i in gl.static_range(STAGES):
-        _load(k_desc, k_bufs, k_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
-        _load(v_desc, v_bufs, v_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
+    prefetch_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, n_tiles, b, hk, BLOCK_N, STAGES)
 
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))

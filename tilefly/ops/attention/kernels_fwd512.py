@@ -55,7 +55,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import LN2, _as_a_operand, _load, _rescale, _softmax, _tile
+from tilefly.ops.attention.kernels_fwd import (LN2, _as_a_operand, _load, _rescale, _softmax, _tile, key_tiles,
+                                              prefetch_kv)
 
 HEAD_DIM = 512
 _INTS = ["Sq", "Sk", "Hq", "GROUP"]
@@ -147,17 +148,10 @@ def attention_fwd512_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, S
     k_ready = alloc_barriers(STAGES)
     v_ready = alloc_barriers(STAGES)
 
-    n_tiles = gl.cdiv(Sk, BLOCK_N)
-    n_full = Sk // BLOCK_N
-    if CAUSAL:
-        n_tiles = gl.minimum(n_tiles, gl.cdiv(off_m + BLOCK_M, BLOCK_N))
-        n_full = gl.minimum(n_full, (off_m + 1) // BLOCK_N)
-
+    n_full, n_tiles = key_tiles(Sk, off_m, BLOCK_M, BLOCK_N, CAUSAL)
     mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, off_m, 0], q_bar.index(0), q_smem)
-    for i in gl.static_range(STAGES):
-        _load(k_desc, k_bufs, k_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
-        _load(v_desc, v_bufs, v_ready, i, n_tiles, b, hk, BLOCK_N, STAGES)
+    prefetch_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, n_tiles, b, hk, BLOCK_N, STAGES)
 
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -246,7 +240,7 @@ def forward512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
                lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """kernels.forward for head dim 512: (out B x Hq x Sq x 512 like q, lse B x Hq x Sq float32 or
     None). The caller checked kernels.unsupported() (with head dim 512 admitted)."""
-    from tilefly.ops.attention.kernels import LOG2E, _descriptor, _no_lse, _tma_reason
+    from tilefly.ops.attention.kernels import LOG2E, _descriptor, _no_lse, forward_outputs
 
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
@@ -255,16 +249,7 @@ def forward512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     if config is not None and config not in FWD512_CONFIGS:
         raise ValueError(f"attention config {config} does not serve head dim {HEAD_DIM}")
     cfg = FWD512_CONFIGS[config or DEFAULT_CONFIG]
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or _tma_reason("out", out):
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot take this output")
-    if need_lse and lse is None:
-        lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
-    elif need_lse and (lse.shape != (b, hq, sq) or lse.dtype != torch.float32 or not lse.is_contiguous()):
-        raise ValueError(f"lse must be a contiguous float32 {(b, hq, sq)} tensor")
-    elif not need_lse:
-        lse = None
+    out, lse = forward_outputs(q, need_lse, out, lse)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     descs = (_descriptor(q, BLOCK_M, d), _descriptor(k, cfg.block_n, d), _descriptor(v, cfg.block_n, d),
              _descriptor(out, BLOCK_M, d))
