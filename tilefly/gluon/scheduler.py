@@ -8,6 +8,10 @@ program streaming its own panels from HBM.
 Persistent kernels launch one program per SM; program p takes tiles p,
 p + P, p + 2P, ... of the grouped order (P programs in all), so neighbours in
 time stay neighbours in the output.
+
+Split-K kernels launch a (tiles, splits) grid: axis 0 numbers the output tiles
+row-major (column tiles vary fastest, so programs sharing an LHS row panel run
+together), axis 1 the K-splits.
 """
 from __future__ import annotations
 
@@ -38,3 +42,11 @@ def persistent_tile_count(num_tiles):
 def persistent_tile_id(i):
     """The grouped-order number of this program's i-th tile."""
     return gl.program_id(0) + i * gl.num_programs(0)
+
+
+@gluon.jit
+def splitk_tile(N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(tile, off_m, off_n, split, num_splits) of this program of a split-K grid."""
+    tile = gl.program_id(0)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    return tile, (tile // num_pid_n) * BLOCK_M, (tile % num_pid_n) * BLOCK_N, gl.program_id(1), gl.num_programs(1)

@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import tma
 
 from tilefly.gluon.epilogue import add_bias, finish_splitk, store_tma
 from tilefly.gluon.layouts import wgmma_layout
-from tilefly.gluon.scheduler import grouped_tile, persistent_tile_count, persistent_tile_id
+from tilefly.gluon.scheduler import grouped_tile, persistent_tile_count, persistent_tile_id, splitk_tile
 from tilefly.gluon.tma_ring import alloc_barriers, alloc_ring, issue_load, wait_empty
 from tilefly.gluon.wgmma import mainloop, mainloop_consumer, prefetch
 
@@ -155,13 +155,7 @@ def gemm_splitk_kernel(a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
                        A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, BIAS: gl.constexpr,
                        C_ROWS_CONTIGUOUS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
-    # Column tiles vary fastest: programs that share an A row panel run together.
-    tile = gl.program_id(0)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    off_m = (tile // num_pid_n) * BLOCK_M
-    off_n = (tile % num_pid_n) * BLOCK_N
-    split = gl.program_id(1)
-    num_splits = gl.num_programs(1)
+    tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
     k_first = split * iters_per_split
     k_iters = gl.minimum(iters_per_split, gl.cdiv(K, BLOCK_K) - k_first)
 

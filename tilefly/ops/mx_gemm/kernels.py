@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
+from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.gluon.wgmma import prefetch
 
@@ -195,12 +196,7 @@ def mx_gemm_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, tick
                    C_ROWS_CONTIGUOUS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     ITEM_K: gl.constexpr = x_desc.block_type.shape[1]     # bytes of one K-block: 32 (FP8) or 16 (FP4)
-    tile = gl.program_id(0)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    off_m = (tile // num_pid_n) * BLOCK_M
-    off_n = (tile % num_pid_n) * BLOCK_N
-    split = gl.program_id(1)
-    num_splits = gl.num_programs(1)
+    tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
     k_blocks = K // SCALE_BLOCK
     k_first = split * iters_per_split
     k_iters = gl.minimum(iters_per_split, k_blocks - k_first)

@@ -58,6 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
+from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.ops.mx_gemm.kernels import SCALE_BLOCK, add_scaled, add_scaled_fast, scale_offsets, scales_moderate
 
@@ -175,12 +176,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
     PREFETCH_SCALES: gl.constexpr = X_WORDS and Y_WORDS
-    tile = gl.program_id(0)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    off_m = (tile // num_pid_n) * BLOCK_M
-    off_n = (tile % num_pid_n) * BLOCK_N
-    split = gl.program_id(1)
-    num_splits = gl.num_programs(1)
+    tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
     k_blocks = K // SCALE_BLOCK
     slot_first = split * slots_per_split
     k_slots = gl.minimum(slots_per_split, gl.cdiv(K, BLOCK_K) - slot_first)
