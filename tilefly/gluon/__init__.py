@@ -7,7 +7,8 @@ functions, so the dense, grouped and MX GEMMs compose the same pieces:
     tma_ring    a STAGES-deep ring of TMA loads guarded by mbarriers, operands in
                 either K-major or MN-major orientation (all four GEMM layouts)
     wgmma       the async-wgmma mainloop that consumes the ring
-    scheduler   tile order: grouped (L2-friendly) swizzle, persistent tile ranges
+    scheduler   tile order: grouped (L2-friendly) swizzle, persistent tile ranges,
+                split-K grids
     epilogue    bias, split-K reduction with a ticket, TMA and masked stores
 
 Importing this package imports triton; tilefly imports it only from kernel modules,
