@@ -80,6 +80,10 @@ OPTIONS: tuple[Option, ...] = (
            "GEMM candidates offered to Inductor: the curated config list or every config that fits."),
     Option("attention_db", "TILEFLY_ATTENTION_DB", _path, None,
            "Path of an attention tuning database to use instead of the shipped one."),
+    Option("mx_requantize", "TILEFLY_MX_REQUANTIZE", _bool, False,
+           "MX GEMMs of at least 512 x 512 with BF16 output: requantize both operands to one E4M3 scale "
+           "per row and run PyTorch's row-scaled FP8 GEMM. Not exact: a block far below its row's largest "
+           "scale loses low bits (scripts/mx_requant_error.py)."),
 )
 
 # Module attributes, filled by reload(); declared for readers and type checkers.
@@ -90,6 +94,7 @@ on_error: str
 force: bool
 gemm_autotune: str
 attention_db: str | None
+mx_requantize: bool
 
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}

@@ -3,7 +3,8 @@
 ``tilefly_providers(a, b, scale_a, scale_b, fmt)``: a is M x K (MXFP4: K / 2 bytes) row-major,
 b is K x N column-major (``b_nk.t()``), scales (M, K/32) and (N, K/32) unswizzled E8M0, as the
 suite passes them. Each ``fn()`` writes BF16 M x N into an output allocated once (timing sees
-the kernel, not the allocator); configs that fail are logged and left out.
+the kernel, not the allocator); configs that fail are logged and left out. With
+``tilefly.config.mx_requantize`` on, the requantizing path (requant.py) races too where it serves.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ _log = logging.getLogger("tilefly.mx_gemm")
 
 def tilefly_providers(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                       fmt: str, swizzled: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
-    from tilefly.ops.mx_gemm import launch
+    from tilefly.ops.mx_gemm import launch, requant
 
     p = eligibility.parse(a, b, scale_a, scale_b, swizzled, swizzled)
     if p.fmt != fmt:
@@ -35,4 +36,6 @@ def tilefly_providers(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
                          type(exc).__name__, exc)
             continue
         providers[cfg.name] = lambda cfg=cfg: launch.run(p, a, b, scale_a, scale_b, out, cfg=cfg)
+    if requant.serves(p, out.dtype):  # TILEFLY_MX_REQUANTIZE=1: the path F.scaled_mm then takes here
+        providers["requant"] = lambda: requant.run(p, a, b, scale_a, scale_b, out)
     return providers

@@ -255,7 +255,38 @@ def compile_specs():
             name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
             kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
             num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
+    return specs + requant_specs()
+
+
+def requant_specs():
+    """The requantization kernel (kernels_requant.py) for both formats at K = 4096 and 16384; stores
+    must be 16-byte vectors (requant.CHUNK elements over 4 warps)."""
+    from tilefly.compile_check import KernelSpec
+    from tilefly.ops.mx_gemm import requant
+
+    sig = {"q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*u8", "row_scale_ptr": "*fp32", "K": "i32",
+           "stride_q": "i32", "stride_s": "i32", "stride_out": "i32", "FP4": "constexpr", "BLOCK_KB": "constexpr",
+           "CHUNK": "constexpr"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7)}  # pointers, K and strides
+    specs = []
+    for fmt in FORMATS:
+        for k in (4096, 16384):
+            constexprs = dict(FP4=fmt == "mxfp4", BLOCK_KB=k // SCALE_BLOCK, CHUNK=requant.CHUNK)
+            specs.append(KernelSpec(f"mx_gemm.requant[{fmt},K={k}]", _requant_kernel, sig, constexprs,
+                                    attrs=aligned, num_warps=4, sass_must_contain=("F2FP.SATFINITE.E4M3", "STG.E.128")))
     return specs
+
+
+def _requant_kernel():
+    from tilefly.ops.mx_gemm import kernels_requant
+
+    return kernels_requant.mx_requant_rows_kernel
+
+
+def interpreter_checks():
+    from tilefly.ops.mx_gemm import checks
+
+    return checks.interpreter_checks()
 
 
 # v2's overlap exists only if ptxas kept the wgmmas async: a wait that leaves one group in

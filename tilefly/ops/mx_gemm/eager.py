@@ -1,6 +1,7 @@
 """The implementations the router calls for MX ``_scaled_mm_v2`` / ``_scaled_mm`` (after
 ``eligibility``'s predicates accepted the call): allocate ATen's output (M x N, contiguous,
-``out_dtype``), launch, return it. The kernel module loads on the first call."""
+``out_dtype``), launch, return it. The kernel module loads on the first call. With
+``tilefly.config.mx_requantize`` on, large BF16-output calls go through requant.py instead."""
 from __future__ import annotations
 
 import torch
@@ -9,10 +10,12 @@ from tilefly.ops.mx_gemm import eligibility
 
 
 def _run(a, b, scale_a, scale_b, swizzled_a, swizzled_b, bias, out_dtype) -> torch.Tensor:
-    from tilefly.ops.mx_gemm import launch
+    from tilefly.ops.mx_gemm import launch, requant
 
     p = eligibility.parse(a, b, scale_a, scale_b, swizzled_a, swizzled_b)
     out = torch.empty(p.m, p.n, dtype=out_dtype, device=a.device)
+    if requant.serves(p, out_dtype):
+        return requant.run(p, a, b, scale_a, scale_b, out, bias)
     return launch.run(p, a, b, scale_a, scale_b, out, bias)
 
 

@@ -1,0 +1,88 @@
+"""CI checks of the requantization path in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors):
+the kernel against a torch transcription of its rule, and ``requant.run`` end to end (PyTorch's
+row-scaled ``_scaled_mm`` runs on CPU) against the float64 product of the dequantized operands."""
+from __future__ import annotations
+
+import functools
+
+SUBNORMAL_STEP = 2.0 ** -9   # E4M3's smallest subnormal: the interpreter truncates there, the GPU rounds
+
+
+def interpreter_checks():
+    from tilefly._interpreter import numpy_compat
+
+    numpy_compat()
+    cases = [("requant_rows[mxfp8,K=256]", "mxfp8", 5, 256, "spread"),
+             ("requant_rows[mxfp4,K=320]", "mxfp4", 3, 320, "spread"),
+             ("requant_rows[mxfp8,nan-scale]", "mxfp8", 4, 128, "nan"),
+             ("requant_rows[mxfp8,scales-2^+-127]", "mxfp8", 2, 128, "extreme")]
+    checks = [(name, functools.partial(_check_rows, *args)) for name, *args in cases]
+    checks += [(f"requant_run[{fmt},{'swizzled' if swz else 'plain'}]", functools.partial(_check_run, fmt, swz))
+               for fmt, swz in (("mxfp8", False), ("mxfp4", True))]
+    return checks
+
+
+def _operand(fmt: str, rows: int, k: int, scales: str, seed: int):
+    import torch
+
+    from tilefly import mx
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    if scales == "spread":  # block magnitudes over 2^-10 .. 2^10: shifts below E4M3's normal range
+        x = x * torch.exp2(torch.randint(-10, 11, (rows, k // 32), generator=g).float().repeat_interleave(32, 1))
+    data, bits = mx.quantize(x, fmt, swizzle="none")
+    bits = bits.view(torch.uint8)
+    if scales == "nan":
+        bits[1, 2] = 255
+    elif scales == "extreme":
+        bits[0, 0], bits[0, 1], bits[1, 3] = 254, 0, 0
+    return data, bits
+
+
+def _check_rows(fmt: str, rows: int, k: int, scales: str) -> None:
+    import torch
+
+    from tilefly import mx
+    from tilefly.ops.mx_gemm import requant
+
+    data, bits = _operand(fmt, rows, k, scales, seed=k + rows)
+    got, row_scale = requant.requantize_rows(data, bits, k, fmt == "mxfp4")
+    unit = torch.full_like(bits, 127)  # scale 2^0: the element values themselves, no overflow
+    values = mx.dequantize(data, unit.view(torch.float8_e8m0fnu), fmt, swizzle="none").double()
+    e = bits.to(torch.int32)
+    e_max = torch.where(e == 255, 0, e).max(dim=1).values
+    nan_rows = (e == 255).any(dim=1)
+    want_scale = torch.exp2((e_max - 127).double())
+    if not torch.equal(row_scale.double()[~nan_rows], want_scale[~nan_rows]) or not row_scale[nan_rows].isnan().all():
+        raise AssertionError(f"row scales: got {row_scale.tolist()}, want {want_scale.tolist()} (NaN rows {nan_rows})")
+    ok = ~nan_rows
+    block_e = torch.where(e == 255, e_max[:, None], e).repeat_interleave(32, dim=1)
+    shifted = values * torch.exp2((block_e - e_max[:, None]).double())
+    want = shifted.float().to(torch.float8_e4m3fn).double()
+    diff = (got.double() - want).abs()[ok]
+    if diff.max() > SUBNORMAL_STEP:
+        raise AssertionError(f"requantized values off by {diff.max().item()} (> one E4M3 subnormal step)")
+    if ((diff > 0) & (shifted[ok].abs() >= 2.0 ** -6)).any():
+        raise AssertionError("a value that stays in E4M3's normal range was not reproduced exactly")
+
+
+def _check_run(fmt: str, swizzled: bool) -> None:
+    import torch
+
+    from tilefly import mx
+    from tilefly.ops.mx_gemm import requant
+    from tilefly.ops.mx_gemm.eligibility import MXProblem
+
+    m, n, k = 48, 32, 256
+    qa, sa = _operand(fmt, m, k, "plain", seed=1)
+    qb, sb = _operand(fmt, n, k, "plain", seed=2)
+    ref = (mx.dequantize(qa, sa.view(torch.float8_e8m0fnu), fmt, swizzle="none").double()
+           @ mx.dequantize(qb, sb.view(torch.float8_e8m0fnu), fmt, swizzle="none").double().T)
+    if swizzled:
+        sa, sb = mx.layout.to_blocked(sa), mx.layout.to_blocked(sb)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    requant.run(MXProblem(fmt, m, n, k, swizzled, swizzled), qa, qb.t(), sa, sb, out)
+    err = (out.double() - ref).abs().max() / ref.abs().max()
+    if not err < 2.0 ** -7:
+        raise AssertionError(f"requantized product off by {err.item():.2e} of max|C|")
