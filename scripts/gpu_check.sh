@@ -15,6 +15,9 @@
 # The archive is rewritten after every step and each step runs under
 # `timeout --step-limit` (default 300 s), so a call that runs past the device's
 # limit still brings back everything finished before it.
+# To measure exactly a commit while the working tree changes, run from a worktree of it:
+#   git worktree add --detach .snap <commit>   (ignored; name it in the device call's carry)
+#   cd .snap && COMMIT=<commit> scripts/gpu_check.sh ...
 # --jobs N spreads the GPU tests over N pytest-xdist workers (the device image
 # has pytest-xdist): the GPU tests are bound by Gluon/Triton compiles on the
 # CPU, so eight workers cut the whole suite to a fraction of its serial time.
