@@ -2,10 +2,7 @@
 tilefly would serve on it, and whether every shipped kernel compiles."""
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
 
 import torch
 
@@ -93,37 +90,11 @@ def selfcheck(echo=print) -> int:
 
 
 def run_interpreter_checks(echo=print) -> int:
-    """Run every family's Triton-interpreter checks in a child process (TRITON_INTERPRET=1 must be
-    set before kernels are defined, so it cannot be switched on inside this process)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "import sys; from tilefly.doctor import _interpreter_main; sys.exit(_interpreter_main())"
+    """Run every family's Triton-interpreter checks in a child process (tilefly._interpreter)."""
+    from tilefly._interpreter import run_checks
+
     echo("Triton interpreter checks (CPU):")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    proc = run_checks()
     for line in (proc.stdout + proc.stderr).splitlines():
         echo("  " + line)
     return proc.returncode
-
-
-def _interpreter_main() -> int:
-    import importlib
-
-    from tilefly._interpreter import numpy_compat
-
-    numpy_compat()
-    failures = 0
-    count = 0
-    for name, family in ops.FAMILIES.items():
-        try:
-            configs = importlib.import_module(f"{family.module}.configs")
-        except ModuleNotFoundError:
-            continue
-        for check_name, fn in getattr(configs, "interpreter_checks", lambda: [])():
-            count += 1
-            try:
-                fn()
-                print(f"ok   {name}.{check_name}")
-            except Exception as exc:  # noqa: BLE001
-                failures += 1
-                print(f"FAIL {name}.{check_name}: {type(exc).__name__}: {exc}")
-    print(f"{count - failures} of {count} interpreter checks passed")
-    return 1 if failures else 0

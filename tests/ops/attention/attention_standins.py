@@ -27,16 +27,27 @@ def _scores(q, k, causal, scale):
     s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     if causal:
         sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return s
 
 
 def reference(q, k, v, causal=False, scale=None):
-    """float64 attention output and log-sum-exp (B x H x Sq)."""
+    """float64 attention output and log-sum-exp (B x H x Sq); top-left causal mask, GQA by
+    repeating k/v heads."""
     s = _scores(q, k, causal, scale)
     lse = torch.logsumexp(s, -1)
     group = q.shape[1] // k.shape[1]
     return torch.exp(s - lse[..., None]) @ v.double().repeat_interleave(group, dim=1), lse
+
+
+# (Sq, Sk) pairs the GPU tests of tilefly's kernels sweep: equal, ragged either way, single rows.
+LENGTHS = [(s, s) for s in (1, 17, 77, 128, 1000)] + [(17, 1000), (1000, 77), (1, 128), (128, 17)]
+
+
+def cuda_inputs(b, hq, hk, sq, sk, d, dtype=torch.bfloat16, seed=0):
+    """q (B x Hq x Sq x d), k and v (B x Hk x Sk x d): fresh normal values on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
 
 
 def _grads(g, q, k, v, out, lse, causal, scale):

@@ -4,17 +4,15 @@ tests/test_compile_check.py) and the delta kernel under the Triton interpreter; 
 and dv against float64 autograd of the math attention, and gradients of
 F.scaled_dot_product_attention through the router with a database that picks it for the backward."""
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tilefly import _device, _dispatch, config
+from tilefly._interpreter import run_checks
 from tilefly.ops.attention import configs, database, kernels
-from attention_standins import all_thread_decisions, db_entry, write_db
+from attention_standins import LENGTHS, all_thread_decisions, cuda_inputs as _inputs, db_entry, write_db
 
 BF16 = torch.bfloat16
 
@@ -170,38 +168,14 @@ def test_backward_wgmmas_are_not_serialized(kernel, cfg, d):
     assert "Used" in report and "C7514" not in report, report
 
 
-_INTERPRETER_CHILD = """
-import sys
-from tilefly._interpreter import numpy_compat
-numpy_compat()
-from tilefly.ops.attention import configs
-failed = 0
-for name, fn in configs.interpreter_checks():
-    try:
-        fn()
-        print("ok", name)
-    except Exception as exc:
-        failed += 1
-        print("FAIL", name, type(exc).__name__, exc)
-sys.exit(1 if failed else 0)
-"""
-
-
 def test_delta_kernel_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_CHILD], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_checks(["attention"], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == len(configs.interpreter_checks()) >= 3, proc.stdout
 
 
 # ---- GPU: gradients against float64 ------------------------------------------------------------
-
-def _inputs(b, hq, hk, sq, sk, d, dtype=BF16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
-
 
 def _reference_grads(q, k, v, grad_out, causal, scale=None):
     """float64 autograd of math attention (top-left causal mask, GQA by repeating k/v heads)."""
@@ -264,9 +238,6 @@ def _check(q, k, v, causal, scale=None, config=None, grad_out=None):
     assert all(g is p for g, p in zip(got, poisoned))
     _assert_grads_close(got, _reference_grads(q, k, v, grad_out, causal, scale), q.dtype,
                         _stock_grads(q, k, v, grad_out, causal, scale))
-
-
-LENGTHS = [(s, s) for s in (1, 17, 77, 128, 1000)] + [(17, 1000), (1000, 77), (1, 128), (128, 17)]
 
 
 @pytest.mark.cuda

@@ -2,7 +2,6 @@
 its configs and compile specs, every spec compiled for sm_90a without spills or serialized
 wgmmas, and the launcher's refusals; on the H200, output and log-sum-exp against a float64 math
 reference (causal and not, Sq != Sk, GQA, tails, scale, NaN, strided layouts)."""
-import math
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from tilefly.ops.attention import configs, kernels_fwd512  # noqa: E402 - needs triton
+from attention_standins import cuda_inputs, reference as _reference  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -115,21 +115,8 @@ def test_refuses_outputs_it_cannot_write():
 
 # ---- GPU: forward against float64 ------------------------------------------------------------
 
-def _reference(q, k, v, causal, scale=None):
-    """float64 math attention: output and log-sum-exp (B x Hq x Sq), top-left causal mask."""
-    group = q.shape[1] // k.shape[1]
-    qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
-    s = (qd @ kd.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return torch.exp(s - lse[..., None]) @ vd, lse
-
-
 def _inputs(b, hq, hk, sq, sk, dtype=BF16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(b, h, s, 512, device="cuda", dtype=dtype, generator=g)
-            for h, s in ((hq, sq), (hk, sk), (hk, sk))]
+    return cuda_inputs(b, hq, hk, sq, sk, 512, dtype, seed)
 
 
 def _poisoned(q):

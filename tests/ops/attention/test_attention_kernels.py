@@ -2,7 +2,6 @@
 refuses and why, its configs and a compile of a few of them for sm_90a (the full set runs in
 tests/test_compile_check.py); on the H200, forward against a float64 math reference (output and
 log-sum-exp) and through the router with a database that picks it."""
-import math
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import torch.nn.functional as F
 
 from tilefly import _device, _dispatch, config
 from tilefly.ops.attention import backends, configs, database, kernels
-from attention_standins import all_thread_decisions, db_entry, write_db
+from attention_standins import LENGTHS, all_thread_decisions, cuda_inputs as _inputs, db_entry, reference as _reference, write_db
 
 BF16 = torch.bfloat16
 
@@ -162,22 +161,6 @@ def test_wgmmas_are_not_serialized(cfg, d):
 
 # ---- GPU: forward against float64 ------------------------------------------------------------
 
-def _reference(q, k, v, causal, scale=None):
-    """float64 math attention: output and log-sum-exp (B x Hq x Sq), top-left causal mask."""
-    group = q.shape[1] // k.shape[1]
-    qd, kd, vd = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
-    s = (qd @ kd.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return torch.exp(s - lse[..., None]) @ vd, lse
-
-
-def _inputs(b, hq, hk, sq, sk, d, dtype=BF16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
-
-
 def _poisoned(q):
     b, h, s, _ = q.shape
     return torch.full_like(q, float("nan")), torch.full((b, h, s), float("nan"), device=q.device)
@@ -192,9 +175,6 @@ def _check(q, k, v, causal, scale=None, config=None):
     tol = 2e-2 if q.dtype == BF16 else 4e-3
     torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
     torch.testing.assert_close(got_lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
-
-
-LENGTHS = [(s, s) for s in (1, 17, 77, 128, 1000)] + [(17, 1000), (1000, 77), (1, 128), (128, 17)]
 
 
 @pytest.mark.cuda

@@ -1,36 +1,17 @@
 """The requantizing path (requant.py, kernels_requant.py, config.mx_requantize): when it serves,
 its kernel in Triton's interpreter on CPU, its compile specs; on the H200, F.scaled_mm through it
 against the float64 product of the dequantized operands."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from tilefly import config, mx
+from tilefly._interpreter import run_checks
 from tilefly.ops.mx_gemm import configs, eager, launch, requant
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
-_CHILD = """
-import sys
-from tilefly.ops.mx_gemm import configs
-failed = 0
-for name, fn in configs.interpreter_checks():
-    try:
-        fn()
-        print("ok", name)
-    except Exception as exc:
-        failed += 1
-        print("FAIL", name, type(exc).__name__, exc)
-sys.exit(1 if failed else 0)
-"""
-
-
 def test_interpreter_checks_pass():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)
+    proc = run_checks(["mx_gemm"], timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == len(configs.interpreter_checks()) >= 6, proc.stdout
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from tilefly._interpreter import run_checks
 from tilefly.ops.rms_norm import configs
 from tilefly.ops.rms_norm.configs import ALIGNED, GENERIC, SPLIT, Config
 
@@ -179,12 +180,7 @@ def test_interpreter_checks_pass_in_a_child_process():
     assert sum("x16" in name for name in names) >= 2
     assert sum("w-shift" in name for name in names) >= 8 and sum("row-edges" in name for name in names) >= 4
     assert sum("reload" in name for name in names) >= 2
-    code = ("from tilefly.ops.rms_norm import configs\n"
-            "for name, fn in configs.interpreter_checks():\n"
-            "    fn()\n"
-            "    print('ok', name)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=600)
+    proc = run_checks(["rms_norm"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.count("ok ") == len(names)
 

@@ -35,6 +35,11 @@ def kernel_head_dim(d: int) -> int:
     return 1 << (d - 1).bit_length()
 
 
+def deepest_ring(smem_bytes) -> int:
+    """The most ring stages (MAX_STAGES down to 2) whose ``smem_bytes(stages)`` fits a block, or 0."""
+    return next((stages for stages in range(MAX_STAGES, 1, -1) if smem_bytes(stages) <= SMEM_LIMIT), 0)
+
+
 @dataclass(frozen=True)
 class FwdConfig:
     block_m: int
@@ -54,10 +59,7 @@ class FwdConfig:
         return (self.block_m + 2 * stages * self.block_n) * head_dim * ELEMENT_BYTES + SMEM_RESERVE
 
     def stages(self, head_dim: int) -> int:
-        for stages in range(MAX_STAGES, 1, -1):
-            if self.smem_bytes(head_dim, stages) <= SMEM_LIMIT:
-                return stages
-        return 0
+        return deepest_ring(lambda stages: self.smem_bytes(head_dim, stages))
 
     def serves(self, head_dim: int) -> bool:
         kd = kernel_head_dim(head_dim)
@@ -91,10 +93,7 @@ class BwdConfig:
         return (2 * self.rows + 2 * stages * self.step) * head_dim * ELEMENT_BYTES + SMEM_RESERVE
 
     def stages(self, head_dim: int) -> int:
-        for stages in range(MAX_STAGES, 1, -1):
-            if self.smem_bytes(head_dim, stages) <= SMEM_LIMIT:
-                return stages
-        return 0
+        return deepest_ring(lambda stages: self.smem_bytes(head_dim, stages))
 
     def serves(self, head_dim: int) -> bool:
         return self.stages(kernel_head_dim(head_dim)) >= 2

@@ -69,7 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import _load, _tile, key_tiles, prefetch_kv
+from tilefly.ops.attention.kernels_fwd import _load, _tile, key_tiles, prefetch_kv, query_tile
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # Sizes vary per call; unspecialized, one binary per (config, dtype, D, causal).
@@ -247,15 +247,7 @@ def attention_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, d
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
     dtype: gl.constexpr = q_desc.dtype
 
-    num_m = gl.num_programs(0)
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m     # the longest rows first
-    bh = gl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    hk = h // GROUP
-    off_m = pid_m * BLOCK_M
+    bh, b, h, hk, off_m = query_tile(Hq, GROUP, BLOCK_M, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)

@@ -63,6 +63,23 @@ def _load(desc, bufs, ready, j, n_tiles, b, hk, BLOCK_N: gl.constexpr, STAGES: g
 
 
 @gluon.jit
+def query_tile(Hq, GROUP, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """(bh, b, h, hk, off_m) of this program: grid (query tiles, B * Hq), q head h reading kv head
+    hk = h // GROUP. Causal programs take their row tiles last to first, so the longest (most
+    keys) start first."""
+    num_m = gl.num_programs(0)
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m
+    bh = gl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    hk = h // GROUP
+    off_m = pid_m * BLOCK_M
+    return bh, b, h, hk, off_m
+
+
+@gluon.jit
 def key_tiles(Sk, off_m, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """(n_full, n_tiles): the key tiles a row tile starting at off_m needs, of which the first
     n_full need no mask (top-left causal: row i sees keys 0..i)."""
@@ -193,15 +210,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, Sq, 
     o_layout: gl.constexpr = wgmma_layout(BLOCK_M, HEAD_DIM, num_warps)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
 
-    num_m = gl.num_programs(0)
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    bh = gl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    hk = h // GROUP
-    off_m = pid_m * BLOCK_M
+    bh, b, h, hk, off_m = query_tile(Hq, GROUP, BLOCK_M, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)

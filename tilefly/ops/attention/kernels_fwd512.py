@@ -56,7 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
 from tilefly.ops.attention.kernels_fwd import (LN2, _as_a_operand, _load, _rescale, _softmax, _tile, key_tiles,
-                                              prefetch_kv)
+                                              prefetch_kv, query_tile)
 
 HEAD_DIM = 512
 _INTS = ["Sq", "Sk", "Hq", "GROUP"]
@@ -129,15 +129,7 @@ def attention_fwd512_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, S
     o_layout: gl.constexpr = wgmma_layout(BLOCK_M, HEAD_DIM, num_warps)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
 
-    num_m = gl.num_programs(0)
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    bh = gl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    hk = h // GROUP
-    off_m = pid_m * BLOCK_M
+    bh, b, h, hk, off_m = query_tile(Hq, GROUP, BLOCK_M, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)

@@ -138,12 +138,7 @@ def exhaustive() -> tuple[GemmConfig, ...]:
     for bm, bn, bk, stages, warps in itertools.product(
             (64, 128), (8, 16, 32, 64, 128, 256), (64, 128), (3, 4, 5, 6, 8), (4, 8)):
         out.append(GemmConfig("splitk", bm, bn, bk, stages, warps, max_splits=16))
-    seen, unique = set(), []
-    for cfg in out:
-        if cfg not in seen and static_reason(cfg) is None:
-            seen.add(cfg)
-            unique.append(cfg)
-    return tuple(unique)
+    return tuple(dict.fromkeys(cfg for cfg in out if static_reason(cfg) is None))  # first occurrence, in order
 
 
 def configs(search: str = "default") -> tuple[GemmConfig, ...]:

@@ -94,12 +94,7 @@ def exhaustive() -> tuple[GroupedConfig, ...]:
     for bm, bn, bk, stages, warps, group in itertools.product(
             (64, 128), (64, 128, 256), (64, 128), (2, 3, 4, 5, 6), (4, 8), (1, 8)):
         out.append(GroupedConfig(bm, bn, bk, stages, warps, group))
-    seen, unique = set(), []
-    for cfg in out:
-        if cfg not in seen and static_reason(cfg) is None:
-            seen.add(cfg)
-            unique.append(cfg)
-    return tuple(unique)
+    return tuple(dict.fromkeys(cfg for cfg in out if static_reason(cfg) is None))  # first occurrence, in order
 
 
 def configs(search: str = "default") -> tuple[GroupedConfig, ...]:
