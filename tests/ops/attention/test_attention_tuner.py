@@ -22,6 +22,16 @@ def test_grids_cover_the_issue_and_stay_small():
     assert tuner.Workload("bf16", 64, False, False, 1, 1024).shape[0] == 16
 
 
+def test_the_ship_grid_covers_every_head_dim_of_the_benchmark_in_bf16():
+    ship = tuner.grid("ship")
+    assert len(ship) == 140 and set(ship) <= set(tuner.grid("full"))
+    assert {w.head_dim for w in ship} == {32, 64, 96, 128, 192, 256, 512} and {w.dtype for w in ship} == {"bf16"}
+    # Every attention-suite length has its own bin (a lookup takes the bin at or below).
+    assert {w.sq for w in ship} >= {1024, 2048, 4096, 8192}
+    assert tuner._parser().parse_args(["--quick"]).grid == "quick"
+    assert tuner._parser().parse_args([]).grid == "full"
+
+
 def test_chunks_partition_the_grid():
     full = tuner.grid(quick=False)
     parts = [tuner.chunk(full, f"{i}/3") for i in (1, 2, 3)]

@@ -1,7 +1,8 @@
 """``python -m tilefly tune attention``: measure every implementation on this GPU and write the
 attention tuning database (database.py has the schema).
 
-    python -m tilefly tune attention --quick --out attention_quick.json     # ~2 min on an H200
+    python -m tilefly tune attention --quick --out attention_quick.json     # ~1 min on an H200
+    python -m tilefly tune attention --grid ship --out attention_sm90_h200.json   # the shipped one, ~3 min
     python -m tilefly tune attention --chunk 1/3 --out part1.json            # full grid, in 3 calls
     python -m tilefly tune attention --merge part1.json part2.json part3.json --out attention_sm90_h200.json
 
@@ -49,6 +50,11 @@ FULL_GRID = dict(dtypes=("bf16", "fp16"), head_dims=(32, 64, 96, 128, 192, 256, 
                  rectangular=((1, 1024), (1, 8192), (256, 4096)))
 QUICK_GRID = dict(dtypes=("bf16",), head_dims=(64, 128, 256, 512), causal=(False, True), gqa=(False, True),
                   square=(512, 2048, 8192), rectangular=())
+# What the shipped H200 database is built from (~3 min): BF16, every head dim, square lengths up
+# to 8192. FP16, longer and rectangular workloads stay untuned there: PyTorch's selection serves them.
+SHIP_GRID = dict(dtypes=("bf16",), head_dims=FULL_GRID["head_dims"], causal=(False, True), gqa=(False, True),
+                 square=(512, 1024, 2048, 4096, 8192), rectangular=())
+GRIDS = {"quick": QUICK_GRID, "ship": SHIP_GRID, "full": FULL_GRID}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -73,8 +79,9 @@ class Workload:
         return database.describe(self.dtype, self.head_dim, self.causal, self.gqa, self.sq, self.sk, "").strip()
 
 
-def grid(quick: bool) -> list[Workload]:
-    g = QUICK_GRID if quick else FULL_GRID
+def grid(quick: bool | str) -> list[Workload]:
+    """The workloads of grid ``quick`` (a name of GRIDS, or True for "quick" and False for "full")."""
+    g = GRIDS[quick] if isinstance(quick, str) else (QUICK_GRID if quick else FULL_GRID)
     cells = [(s, s) for s in g["square"]]
     out = []
     for dtype, d, causal, gqa in itertools.product(g["dtypes"], g["head_dims"], g["causal"], g["gqa"]):
@@ -319,16 +326,21 @@ def _header(args: argparse.Namespace, complete: bool, remaining: int) -> dict[st
 
     return {"version": database.VERSION, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "tuner_args": {"quick": args.quick, "chunk": args.chunk, "complete": complete, "remaining": remaining,
+            "tuner_args": {"grid_name": args.grid, "quick": args.grid != "full", "chunk": args.chunk,
+                           "complete": complete, "remaining": remaining,
                            "margin": MARGIN, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
                            "tilefly_configs": list(backends.TILEFLY_FA.configs()),
-                           "grid": {k: v for k, v in (QUICK_GRID if args.quick else FULL_GRID).items()}}}
+                           "grid": dict(GRIDS[args.grid])}}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tilefly tune attention", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small grid (BF16, 4 head dims, 3 lengths): ~2 minutes")
+    p.add_argument("--grid", choices=tuple(GRIDS), default="full",
+                   help="workloads to measure: quick (BF16, 4 head dims, 3 lengths: ~1 minute on an H200), "
+                        "ship (what the shipped database holds: BF16, 7 head dims, 5 lengths: ~3 minutes), "
+                        "full (both dtypes, 7 lengths and rectangular cells: ~10 minutes, use --chunk)")
+    p.add_argument("--quick", dest="grid", action="store_const", const="quick", help="same as --grid quick")
     p.add_argument("--out", help="database file to write (default: ./attention_<gpu key>.json)")
     p.add_argument("--chunk", help="I/N: measure the I-th of N interleaved slices of the grid")
     p.add_argument("--resume", action="store_true", help="keep the entries already in --out and measure the rest")
@@ -357,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     key = tdb.device_gpu_key(torch.cuda.current_device())
     out = args.out or f"attention_{key}.json"
-    workloads = chunk(grid(args.quick), args.chunk)
+    workloads = chunk(grid(args.grid), args.chunk)
     done: list[dict] = []
     if args.resume:
         try:
@@ -369,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tuning attention on {torch.cuda.get_device_name()} ({key}), torch {torch.__version__}: "
           f"{len(workloads)} workloads, tilefly configs: {list(backends.TILEFLY_FA.configs()) or 'none'} "
           f"({backends.TILEFLY_FA.unavailable() or 'available'})", flush=True)
-    measure = GpuMeasure(args.quick)
+    measure = GpuMeasure(quick=args.grid != "full")  # the smaller grids also take fewer repetitions
     entries, remaining = tune(workloads, measure, args.time_limit, echo=lambda s: print(s, flush=True))
     entries = sorted(done + entries, key=database.key_of)
     tdb.write(out, _header(args, complete=not remaining, remaining=len(remaining)), entries)

@@ -1,6 +1,8 @@
 """CI checks of the requantization path in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors):
 the kernel against a torch transcription of its rule, and ``requant.run`` end to end (PyTorch's
-row-scaled ``_scaled_mm`` runs on CPU) against the float64 product of the dequantized operands."""
+row-scaled ``_scaled_mm`` runs on CPU) against the float64 product of the dequantized operands;
+the skinny kernel (skinny.run) against the same reference, split and unsplit, both scale layouts,
+bias, FP16 and FP32 out, NaN and extreme scales."""
 from __future__ import annotations
 
 import functools
@@ -19,7 +21,75 @@ def interpreter_checks():
     checks = [(name, functools.partial(_check_rows, *args)) for name, *args in cases]
     checks += [(f"requant_run[{fmt},{'swizzled' if swz else 'plain'}]", functools.partial(_check_run, fmt, swz))
                for fmt, swz in (("mxfp8", False), ("mxfp4", True))]
-    return checks
+    return checks + skinny_checks()
+
+
+def skinny_checks():
+    # (fmt, m, n, k, swizzled, bias, out dtype, scales, splits): m < n puts the weight in X
+    # (swap-AB), m > n keeps A there; k = 480 leaves the last 128-K step partial.
+    cases = [("mxfp8", 5, 80, 512, False, False, "fp16", "plain", 2),
+             ("mxfp4", 3, 96, 480, True, True, "bf16", "spread", 3),
+             ("mxfp8", 70, 17, 256, True, True, "fp32", "plain", 1),
+             ("mxfp4", 2, 64, 256, False, False, "fp32", "nan", 2),
+             ("mxfp8", 3, 64, 512, True, False, "fp32", "extreme", 4),
+             ("mxfp4", 1, 33, 256, False, False, "fp32", "extreme", 1)]
+    return [(f"skinny[{fmt},{m}x{n}x{k},swz={int(swz)},bias={int(bias)},{out},{scales},splits={splits}]",
+             functools.partial(_check_skinny, fmt, m, n, k, swz, bias, out, scales, splits))
+            for fmt, m, n, k, swz, bias, out, scales, splits in cases]
+
+
+def _skinny_operands(fmt: str, m: int, n: int, k: int, scales: str):
+    """Quantized A [m, k] and B^T [n, k] with their exponent bytes. "extreme": A's blocks at
+    2^-127 / 2^127 / ..., B's at about the inverse, so every product is representable; "nan":
+    one NaN byte in A (a token row) and one in B (a weight row)."""
+    import torch
+
+    qa, sa = _operand(fmt, m, k, "spread" if scales == "spread" else "plain", seed=3 * k + m)
+    qb, sb = _operand(fmt, n, k, "spread" if scales == "spread" else "plain", seed=5 * k + n)
+    if scales == "extreme":
+        base = torch.tensor([0, 254, 127, 1, 253, 0, 254, 100], dtype=torch.int32).repeat(k // 256)
+        sa = base.expand(m, -1).contiguous().to(torch.uint8)
+        delta = torch.randint(-6, 7, (n, k // 32), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
+        sb = (254 - base + delta).clamp(0, 254).to(torch.uint8)
+    elif scales == "nan":
+        sa[m - 1, 1] = 255
+        sb[n // 2, k // 32 - 1] = 255
+    return qa, sa, qb, sb
+
+
+def _check_skinny(fmt, m, n, k, swizzled, with_bias, out_name, scales, splits) -> None:
+    import torch
+
+    from tilefly import mx
+    from tilefly.ops.mx_gemm import configs, skinny
+    from tilefly.ops.mx_gemm.eligibility import MXProblem
+
+    out_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_name]
+    qa, sa, qb, sb = _skinny_operands(fmt, m, n, k, scales)
+    ref = (mx.dequantize(qa, sa.view(torch.float8_e8m0fnu), fmt, swizzle="none", dtype=torch.float64)
+           @ mx.dequantize(qb, sb.view(torch.float8_e8m0fnu), fmt, swizzle="none", dtype=torch.float64).T)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(out_dtype) if with_bias else None
+    if bias is not None:
+        ref = ref + bias.double()
+    sa, sb = sa.view(torch.float8_e8m0fnu), sb.view(torch.float8_e8m0fnu)
+    if swizzled:
+        sa, sb = mx.layout.to_blocked(sa), mx.layout.to_blocked(sb)
+    out = torch.full((m, n), float("nan"), dtype=out_dtype)
+    cfg = configs.skinny_configs(max(m, n), min(m, n), k, fmt)[0]
+    skinny.run(MXProblem(fmt, m, n, k, swizzled, swizzled), qa, qb.t(), sa, sb, out, bias, cfg=cfg, splits=splits)
+    nan_want = torch.isnan(ref)
+    if scales == "nan" and not nan_want.any():
+        raise AssertionError("the NaN case has no NaN in its reference")
+    if not torch.equal(torch.isnan(out), nan_want):
+        raise AssertionError(f"NaN at {torch.isnan(out).nonzero().tolist()[:8]}, want {nan_want.nonzero().tolist()[:8]}")
+    if scales == "extreme" and not (torch.isfinite(ref).all() and ref.abs().max() > 1e-3):
+        raise AssertionError("the extreme-scale case must have a finite, nonzero product")
+    eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -13}[out_dtype]
+    ok = ~nan_want
+    err = (out.double() - ref).abs()[ok]
+    bound = 2 * eps * ref.abs()[ok] + 2 * eps * ref.abs()[ok].max()
+    if (err > bound).any():
+        raise AssertionError(f"skinny product off by {err.max().item():.3e} (max|C| {ref.abs()[ok].max().item():.3e})")
 
 
 def _operand(fmt: str, rows: int, k: int, scales: str, seed: int):

@@ -19,6 +19,8 @@ v2 configs (``cfg.kernel == 2``, kernels_v2) take 128-K-element boxes and split 
 their scales are read as one 32-bit word per row and slot when the layout allows it
 (``_scale_words``), byte by byte otherwise.
 
+Skinny configs (at most ``configs.SKINNY_MAX_COLS`` tokens) are handed to skinny.py (plain Triton).
+
 Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
 descriptors and argument list; later calls reuse them (descriptors hold bare addresses, not
 tensors) and go straight to Triton's JIT launch.
@@ -97,7 +99,13 @@ def _key(cfg, *tensors):
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
-    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
+    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted.
+    Skinny configs (``configs.SKINNY``, the pick for at most SKINNY_MAX_COLS tokens) run skinny.py."""
+    cfg = cfg or configs.pick(max(p.m, p.n), min(p.m, p.n), p.k, p.fmt)
+    if cfg.kernel == configs.SKINNY:
+        from tilefly.ops.mx_gemm import skinny
+
+        return skinny.run(p, a, b, scale_a, scale_b, out, bias, cfg)
     key = _key((cfg, p, out.device), a, b, scale_a, scale_b, out, bias)
     plan = _plans.get(key)
     if plan is None:
@@ -121,7 +129,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
         x, y, sx, sy, swz_x, swz_y, c = y, x, sy, sx, swz_y, swz_x, out.t()
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
-    cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
+    cfg = cfg or configs.gluon_pick(rows, cols, p.k, p.fmt)
     item = cfg.row_bytes(p.fmt)
     x_desc = _descriptor(x, cfg.block_m, fp4, item)
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
