@@ -12,6 +12,8 @@ enough to pay for the two requantization passes: ``serves``.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tilefly import config
@@ -39,16 +41,40 @@ def _plain_scales(scale: torch.Tensor, rows: int, k_blocks: int, swizzled: bool)
 def requantize_rows(q: torch.Tensor, exponents: torch.Tensor, k: int, fp4: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 [rows, k] with one scale per row, FP32 row scales [rows]) from row-major MX data
     ``q`` ([rows, k] E4M3, or [rows, k / 2] packed E2M1 bytes) and its (rows, k / 32) exponents."""
-    from tilefly.ops.mx_gemm.kernels_requant import mx_requant_rows_kernel
-
     rows = q.shape[0]
     out = torch.empty(rows, k, dtype=torch.uint8, device=q.device)
     row_scale = torch.empty(rows, dtype=torch.float32, device=q.device)
+    q = q.view(torch.uint8)
     block_kb = max(2, 1 << (k // SCALE_BLOCK - 1).bit_length())
-    mx_requant_rows_kernel[(rows,)](q.view(torch.uint8), exponents, out, row_scale, k, q.stride(0),
-                                    exponents.stride(0), out.stride(0), FP4=fp4, BLOCK_KB=block_kb,
-                                    CHUNK=CHUNK, num_warps=4)
+    _launch(rows, (q, exponents, out, row_scale), (k, q.stride(0), exponents.stride(0), out.stride(0)),
+            (fp4, block_kb, CHUNK))
     return out.view(torch.float8_e4m3fn), row_scale
+
+
+# Compiled requantization kernels by what Triton specializes on (16-byte alignment of pointers and
+# integers, integers equal to 1) and the constexprs; later calls skip Triton's Python launch path
+# (tens of microseconds, more than the kernel on a 512-row operand) through its C launcher.
+_launches: dict[tuple, Any] = {}
+
+
+def _launch(rows: int, tensors: tuple, ints: tuple, constexprs: tuple) -> None:
+    from tilefly import _triton_launch
+
+    index = tensors[0].get_device()
+    ptrs = tuple(t.data_ptr() for t in tensors)
+    key = (index, tuple(p % 16 == 0 for p in ptrs), tuple((i % 16 == 0, i == 1) for i in ints), constexprs)
+    launch = _launches.get(key)
+    if launch is not None and not _triton_launch.hooks_active():
+        launch(rows, 1, _triton_launch.current_stream(index), (*ptrs, *ints, *constexprs))
+        return
+    from tilefly.ops.mx_gemm.kernels_requant import mx_requant_rows_kernel
+
+    fp4, block_kb, chunk = constexprs
+    compiled = mx_requant_rows_kernel[(rows,)](*tensors, *ints, FP4=fp4, BLOCK_KB=block_kb, CHUNK=chunk,
+                                               num_warps=4)
+    direct = _triton_launch.direct(compiled) if tensors[0].is_cuda else None
+    if direct is not None:
+        _launches[key] = direct
 
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
