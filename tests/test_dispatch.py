@@ -163,6 +163,29 @@ def test_explain_reports_served_fallback_and_unrouted(standin):
     assert isinstance(report.result, tuple)
 
 
+def test_an_install_reason_keeps_the_op_on_aten_and_explain_says_why(standin):
+    reason = ["the database never serves it"]
+    impl = _dispatch.Impl("gated", "aten::topk", "gated_topk", lambda *a, **k: None, _topk_by_sort,
+                          dispatch_key="CPU", install_reason=lambda: reason[0])
+    _dispatch.register(impl)
+    try:
+        _dispatch.install(["gated"])
+        assert _dispatch.original("aten::topk", "CPU") is None        # no handler: ATen's kernel as is
+        assert _dispatch.unrouted_reason("aten::topk") == "gated_topk: the database never serves it"
+        report = tilefly.explain(lambda: torch.topk(torch.randn(4, 8), 2))
+        assert report.decisions[0].reason == "not routed: gated_topk: the database never serves it"
+        _dispatch.install([FAMILY])                                    # another family's entry routes the op
+        assert _dispatch.original("aten::topk", "CPU") is not None
+        assert _dispatch.unrouted_reason("aten::topk") is None
+        _dispatch.uninstall([FAMILY, "gated"])
+        reason[0] = None                                               # asked again at every install
+        _dispatch.install(["gated"])
+        assert _dispatch.original("aten::topk", "CPU") is not None
+    finally:
+        _dispatch.uninstall(["gated"])
+        _dispatch._registry.pop("gated", None)
+
+
 def test_explain_rejects_non_callable():
     with pytest.raises(TypeError, match="fn must be callable"):
         tilefly.explain(3)

@@ -64,6 +64,9 @@ class Impl:
     fn: Callable[..., Any]
     dispatch_key: str = "CUDA"
     takes_plan: bool = False  # fn(plan, *args, **kwargs) with the predicate's non-str answer
+    # Asked whenever the family is installed: a reason leaves this implementation out of its op's
+    # route (when no implementation is left, the op keeps ATen's kernel and pays no handler).
+    install_reason: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ _lock = threading.RLock()
 _registry: dict[str, list[Impl]] = {}       # family -> its implementations, in priority order
 _active: set[str] = set()                    # installed families
 _routes: dict[tuple[str, str], _Route] = {}  # (op, dispatch key) -> installed route
+_unrouted: dict[tuple[str, str], str] = {}   # (op, dispatch key) -> why its implementations stayed out
 
 
 def register(impl: Impl) -> None:
@@ -154,6 +158,14 @@ def installed() -> tuple[str, ...]:
         return tuple(sorted(_active))
 
 
+def unrouted_reason(op: str, dispatch_key: str | None = None) -> str | None:
+    """Why an enabled family left ``op`` (on ``dispatch_key``, or any key) on ATen's kernel at
+    install (Impl.install_reason), if it did."""
+    if dispatch_key is not None:
+        return _unrouted.get((op, dispatch_key))
+    return next((why for (name, _), why in sorted(_unrouted.items()) if name == op), None)
+
+
 def original(op: str, dispatch_key: str = "CUDA"):
     """The kernel an installed route falls back to (None when the op is not routed)."""
     route = _routes.get((op, dispatch_key))
@@ -169,7 +181,18 @@ def _rebuild(keys: set[tuple[str, str]]) -> None:
         route = _routes.pop(key, None)
         if route is not None:
             route.remove()
-        impls = tuple(i for f in sorted(_active) for i in _registry[f] if (i.op, i.dispatch_key) == key)
+        impls, left_out = [], []
+        for i in (i for f in sorted(_active) for i in _registry[f] if (i.op, i.dispatch_key) == key):
+            why = _install_reason(i)
+            if why is None:
+                impls.append(i)
+            else:
+                left_out.append(f"{i.name}: {why}")
+        impls = tuple(impls)
+        if left_out and not impls:
+            _unrouted[key] = "; ".join(left_out)
+        else:
+            _unrouted.pop(key, None)
         if impls:
             try:
                 _routes[key] = _Route(key[0], key[1], impls)
@@ -177,6 +200,17 @@ def _rebuild(keys: set[tuple[str, str]]) -> None:
                 _log.debug("%s on %s: not routed (%s)", key[0], key[1], exc)
                 continue
         _log.debug("%s on %s: %s", key[0], key[1], [i.name for i in impls] or "ATen restored")
+
+
+def _install_reason(impl: Impl) -> str | None:
+    if impl.install_reason is None:
+        return None
+    try:
+        return impl.install_reason()
+    except Exception as exc:  # noqa: BLE001 - a broken check installs the route: its predicate still decides
+        _log.warning("tilefly: %s's install check on %s raised %s: %s; routing it", impl.name, impl.op,
+                     type(exc).__name__, exc)
+        return None
 
 
 # ---- observation: explain() and debug logging ------------------------------------------------

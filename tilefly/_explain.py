@@ -61,13 +61,16 @@ class _Watch(TorchDispatchMode):
         before = len(self.decisions)
         out = func(*args, **kwargs)
         if len(self.decisions) == before:  # the router never saw this call
-            self.decisions.append(_dispatch.Decision(name, None, _why_unrouted(family, args, kwargs)))
+            self.decisions.append(_dispatch.Decision(name, None, _why_unrouted(name, family, args, kwargs)))
         return out
 
 
-def _why_unrouted(family: str, args, kwargs) -> str:
+def _why_unrouted(op: str, family: str, args, kwargs) -> str:
     if family not in _dispatch.installed():
         return f"tilefly is not enabled for {family!r}"
+    unrouted = _dispatch.unrouted_reason(op)
+    if unrouted:
+        return f"not routed: {unrouted}"
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     devices = sorted({t.device.type for t in tensors})
     if devices and devices != ["cuda"]:

@@ -80,6 +80,10 @@ OPTIONS: tuple[Option, ...] = (
            "GEMM candidates offered to Inductor: the curated config list or every config that fits."),
     Option("attention_db", "TILEFLY_ATTENTION_DB", _path, None,
            "Path of an attention tuning database to use instead of the shipped one."),
+    Option("attention_routes", "TILEFLY_ATTENTION_ROUTES", _choice("auto", "all"), "auto",
+           "SDPA backend ops the attention family overrides when enabled: 'auto' only those the tuning "
+           "database serves with another implementation somewhere (an override costs host time on every "
+           "call, served or not), 'all' every fused backend op."),
     Option("mx_requantize", "TILEFLY_MX_REQUANTIZE", _bool, False,
            "MX GEMMs of at least 512 x 512 with BF16 output: requantize both operands to one E4M3 scale "
            "per row and run PyTorch's row-scaled FP8 GEMM. Not exact: a block far below its row's largest "
@@ -94,6 +98,7 @@ on_error: str
 force: bool
 gemm_autotune: str
 attention_db: str | None
+attention_routes: str
 mx_requantize: bool
 
 

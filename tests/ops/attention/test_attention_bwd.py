@@ -34,7 +34,6 @@ def _dims(d):
 
 
 BWD_REFUSALS = [
-    (_dims(512), "head dim 512"),
     (_dims(80), "head dim 80"),
     (lambda q, k, v: (q.float(), k.float(), v.float()), "FP16 or BF16"),
     (lambda q, k, v: (q, k[:, :3], v[:, :3]), "not a multiple of k/v heads"),
@@ -98,8 +97,8 @@ def test_backward_checks_its_arguments():
 
 def test_backward_configs():
     assert tuple(configs.BWD_CONFIGS) == ("bwd64x64", "bwd128x64")
-    assert kernels.CONFIGS[-2:] == tuple(configs.BWD_CONFIGS)
-    assert kernels.configs_for("bwd") == kernels.configs_for("backward") == tuple(configs.BWD_CONFIGS)
+    assert kernels.CONFIGS[-3:] == tuple(configs.BWD_CONFIGS) + configs.BWD512_CONFIG_NAMES
+    assert kernels.configs_for("bwd") == kernels.configs_for("backward") == kernels.CONFIGS[-3:]
     assert kernels.configs_for("fwd") == tuple(configs.FWD_CONFIGS) + configs.FWD512_CONFIG_NAMES
     assert set(kernels.configs_for("fwd")) | set(kernels.configs_for("bwd")) == set(kernels.CONFIGS)
     for name, cfg in configs.BWD_CONFIGS.items():

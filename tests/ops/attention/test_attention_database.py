@@ -133,3 +133,22 @@ def test_lookup_cost(grid):
         per_call.append((time.perf_counter_ns() - start) / 100)
     median_us = statistics.median(per_call) / 1000
     assert median_us < 2.0, f"lookup costs {median_us:.2f} us"
+
+
+def test_route_reason_overrides_only_ops_the_database_serves_otherwise(grid, monkeypatch):
+    from tilefly import _device
+
+    config.attention_routes = "auto"
+    monkeypatch.setattr(_device, "has_hopper", lambda: True)
+    assert database.route_reason("cudnn", "fwd") is None           # tilefly / flash beat it somewhere
+    assert database.route_reason("efficient", "fwd") is None       # flash beats it at Sq 1, Sk 4096
+    for backend, direction in (("flash", "fwd"), ("cudnn", "bwd"), ("efficient", "bwd")):
+        assert "never serves" in database.route_reason(backend, direction)
+    config.attention_routes = "all"
+    assert database.route_reason("flash", "fwd") is None
+    config.attention_routes = "auto"
+    config.attention_db = "/nonexistent/attention.json"
+    database.reload()
+    assert database.route_reason("cudnn", "fwd") == "no usable tuning database"
+    monkeypatch.setattr(_device, "has_hopper", lambda: False)
+    assert database.route_reason("cudnn", "fwd") == "no sm_90 GPU is current"

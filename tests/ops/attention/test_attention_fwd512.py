@@ -18,10 +18,9 @@ BF16 = torch.bfloat16
 # ---- CPU: configs and compile specs ----------------------------------------------------------
 
 def test_configs_and_their_names():
-    assert kernels_fwd512.CONFIGS == ("d512n64", "d512n32")
-    assert kernels_fwd512.DEFAULT_CONFIG in kernels_fwd512.CONFIGS
+    assert kernels_fwd512.CONFIGS == ("d512n64p",) and kernels_fwd512.DEFAULT_CONFIG == "d512n64p"
     for name, cfg in kernels_fwd512.FWD512_CONFIGS.items():
-        assert name == f"d512n{cfg.block_n}"
+        assert name == f"d512n{cfg.block_n}p"
         # Q plus the K and V rings fit one block's shared memory, leaving room for the scratch.
         ring = 2 * cfg.stages * cfg.block_n * 512 * 2
         assert kernels_fwd512.BLOCK_M * 512 * 2 + ring <= configs.SMEM_LIMIT - 16 * 1024
@@ -40,10 +39,14 @@ def test_configs_py_lists_the_same_names_and_ships_the_specs():
 def test_compile_specs_cover_every_config_dtype_and_mask():
     specs = kernels_fwd512.compile_specs()
     names = [s.name for s in specs]
-    assert len(set(names)) == len(names) == 8
+    assert len(set(names)) == len(names) == 4 * len(kernels_fwd512.CONFIGS)
     got = {(s.constexprs["BLOCK_N"], s.signature["q_desc"].split("[")[0], s.constexprs["CAUSAL"]) for s in specs}
-    assert got == {(cfg.block_n, f"tensordesc<{dtype}", causal) for cfg in kernels_fwd512.FWD512_CONFIGS.values()
+    assert got == {(cfg.block_n, f"tensordesc<{dtype}", causal)
+                   for cfg in kernels_fwd512.FWD512_CONFIGS.values()
                    for dtype in ("bf16", "fp16") for causal in (False, True)}
+    for s in specs:
+        cfg = kernels_fwd512.FWD512_CONFIGS[s.name.split(".")[2].split("[")[0]]
+        assert s.constexprs["STAGES"] == cfg.stages and s.constexprs["BLOCK_N"] == cfg.block_n
     for s in specs:
         assert s.num_warps == 8 and s.gluon and "HGMMA" in s.sass_must_contain and s.constexprs["HEAD_DIM"] == 512
         assert all(f"[1, 1, {rows}, 512]" in s.signature[d] for d, rows in
@@ -61,7 +64,7 @@ def test_every_spec_compiles_for_sm90a_without_spills(spec):
     assert result.shared <= configs.SMEM_LIMIT, result.row()
 
 
-@pytest.mark.parametrize("config", ["d512n64", "d512n32"])
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
 def test_wgmmas_are_not_serialized(config):
     """ptxas serializes every wgmma of a kernel (warning C7514) when other instructions touch an
     accumulator while its wgmma is in flight; the head-dim loop of Q K^T keeps one in flight."""
@@ -72,8 +75,21 @@ def test_wgmmas_are_not_serialized(config):
     assert "Used" in report and "C7514" not in report, report
 
 
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_score_wgmmas_split_the_columns_across_warpgroups(config):
+    """Each warpgroup computes half of S's columns (m64n<BLOCK_N/2> wgmmas) and P V over its half
+    of the head dim (m64n256), as the header's layout plan says."""
+    from tilefly.compile_check import _compile
+
+    cfg = kernels_fwd512.FWD512_CONFIGS[config]
+    ptx = _compile(kernels_fwd512.spec(cfg, "bf16", False)).asm["ptx"]
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n // 2}k16." in ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16." not in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n256k16." in ptx
+
+
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("config", ["d512n64", "d512n32"])
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
 def test_launcher_descriptors_match_the_compiled_specs(config, layout):
     """The descriptors forward512 builds (boxes, swizzled layouts) are the ones the specs compile."""
     from tilefly.ops.attention import kernels
@@ -164,14 +180,18 @@ def test_grouped_query_attention(config, hq, hk, causal):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("scale", [0.01, 0.3, 2.0])
-def test_scale(scale):
-    _check(*_inputs(2, 3, 3, 150, 260), True, scale=scale)
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_scale(config, scale):
+    _check(*_inputs(2, 3, 3, 150, 260), True, scale=scale, config=config)
 
 
 @pytest.mark.cuda
-def test_long_sequences():
-    _check(*_inputs(1, 2, 2, 1000, 1000), True)
-    _check(*_inputs(1, 2, 2, 129, 1000), False)
+@pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)
+def test_long_sequences(config):
+    """Many key tiles: the pipelined configs carry P and the running max across dozens of steps."""
+    _check(*_inputs(1, 2, 2, 1000, 1000), True, config=config)
+    _check(*_inputs(1, 2, 2, 129, 1000), False, config=config)
+    _check(*_inputs(1, 2, 2, 1000, 333), True, config=config)
 
 
 @pytest.mark.cuda

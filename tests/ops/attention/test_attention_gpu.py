@@ -323,6 +323,31 @@ def test_no_database_gives_identical_results(routed, head_dim, causal, determini
             torch.testing.assert_close(a, b, rtol=2 ** -7, atol=1e-4 * b.abs().max().item(), msg=f"d{name}")
 
 
+def test_auto_routes_override_only_the_ops_the_database_serves_otherwise(tmp_path):
+    """config.attention_routes = "auto" (the default): with a database that reroutes only the
+    efficient forward, that op gets tilefly's handler; every other backend op keeps PyTorch's
+    kernel untouched (no Python handler, no host cost), and explain() says why."""
+    import tilefly
+
+    config.attention_routes = "auto"
+    _use_db(tmp_path, [db_entry("fwd", head_dim=64, sq_bin=64, sk_bin=64, serve={"efficient": ["cudnn"]})])
+    _settle_sdpa_priority()
+    with tilefly.enabled("attention"):
+        assert _dispatch.original(FWD_OP["efficient"]) is not None
+        for op in [FWD_OP["cudnn"], FWD_OP["flash"], *BWD_OP.values()]:
+            assert _dispatch.original(op) is None, op
+            assert "never serves" in _dispatch.unrouted_reason(op), op
+        q, k, v = _qkv(grad=False)
+        with _reaching("cudnn"):
+            report = tilefly.explain(F.scaled_dot_product_attention, q, k, v)
+        assert [d.op for d in report.decisions] == [FWD_OP["cudnn"]] and "not routed" in report.decisions[0].reason
+        with _reaching("efficient"), all_thread_decisions() as decisions:
+            out = F.scaled_dot_product_attention(q, k, v)
+        assert [(d.op, d.impl) for d in decisions] == [(FWD_OP["efficient"], REROUTE)], decisions
+    ref = _reference(q, k, v, False)[0]
+    assert _rel(out, ref) < 1e-2
+
+
 def test_tuner_measures_valid_entries():
     measure = tuner.GpuMeasure(quick=True)
     workloads = (tuner.Workload("bf16", 128, True, False, 512, 512), tuner.Workload("fp16", 512, False, True, 1, 1024))
@@ -332,9 +357,9 @@ def test_tuner_measures_valid_entries():
         for e in entries:
             assert database.validate_entry(e) is None, e
             if w.head_dim == 512 and w.gqa and e["direction"] == "bwd":
-                # no fused backward runs head dim 512 with GQA (tilefly's 512 kernel is forward only,
-                # the efficient kernel takes no GQA): PyTorch's math path, nothing to time
-                assert e["default"] == "math" and not e["times_us"], e
+                # no stock fused backward runs head dim 512 with GQA (the efficient kernel takes no
+                # GQA): PyTorch's math path; tilefly's GEMM backward (kernels_bwd512) is timed alone
+                assert e["default"] == "math" and set(e["times_us"]) == {"tilefly_fa/bwd512"}, e
                 continue
             assert e["times_us"], f"nothing was measured: {e}"
             if e["default"] in database.BACKENDS:

@@ -103,8 +103,9 @@ BWD_CONFIGS: dict[str, BwdConfig] = {c.name: c for c in (
     BwdConfig(64, 64),
     BwdConfig(128, 64),
 )}
-FWD512_CONFIG_NAMES = ("d512n64", "d512n32")     # head dim 512: kernels_fwd512.FWD512_CONFIGS
-CONFIGS = tuple(FWD_CONFIGS) + FWD512_CONFIG_NAMES + tuple(BWD_CONFIGS)
+FWD512_CONFIG_NAMES = ("d512n64p",)     # head dim 512: kernels_fwd512.FWD512_CONFIGS
+BWD512_CONFIG_NAMES = ("bwd512",)       # head dim 512 backward: kernels_bwd512 (cuBLAS GEMMs around a Triton kernel)
+CONFIGS = tuple(FWD_CONFIGS) + FWD512_CONFIG_NAMES + tuple(BWD_CONFIGS) + BWD512_CONFIG_NAMES
 
 
 def default_config(head_dim: int, sq: int) -> FwdConfig:
@@ -162,12 +163,12 @@ def spec(cfg: FwdConfig, dtype: str, head_dim: int, causal: bool):
 def compile_specs():
     """Every config x dtype x kernel head dim it serves x causal (96 and 192 run the 128 and 256
     kernels, the very same binaries)."""
-    from tilefly.ops.attention import kernels_fwd512
+    from tilefly.ops.attention import kernels_bwd512, kernels_fwd512
 
     kernel_dims = sorted({kernel_head_dim(d) for d in HEAD_DIMS})
     fwd = [spec(cfg, dtype, d, causal) for cfg in FWD_CONFIGS.values() for dtype in DTYPES
            for d in kernel_dims if cfg.serves(d) for causal in (False, True)]
-    return fwd + kernels_fwd512.compile_specs() + bwd_compile_specs()
+    return fwd + kernels_fwd512.compile_specs() + bwd_compile_specs() + kernels_bwd512.compile_specs()
 
 
 # ---- backward compile specs -------------------------------------------------------------------
@@ -259,8 +260,11 @@ def bwd_compile_specs():
 
 
 def interpreter_checks():
-    """The delta kernel (plain Triton) under TRITON_INTERPRET=1 on CPU tensors: odd lengths and
-    head dims, a B x S x H x D output and an expanded (stride-0 but unit-stride rows) grad_out."""
+    """The plain-Triton kernels under TRITON_INTERPRET=1 on CPU tensors: the delta kernel (odd
+    lengths and head dims, a B x S x H x D output and an expanded (stride-0 but unit-stride rows)
+    grad_out), and the whole head-dim-512 backward (kernels_bwd512.interpreter_checks)."""
+    from tilefly.ops.attention import kernels_bwd512
+
     def check(b, h, s, d, dtype):
         import torch
 
@@ -279,4 +283,5 @@ def interpreter_checks():
             raise AssertionError(f"delta off by {(delta.double() - want).abs().max().item()}")
 
     return [(f"bwd_delta[{dtype},B={b},H={h},S={s},D={d}]", lambda a=(b, h, s, d, dtype): check(*a))
-            for b, h, s, d, dtype in ((2, 3, 77, 96, "bf16"), (1, 2, 300, 64, "fp16"), (3, 1, 1, 32, "bf16"))]
+            for b, h, s, d, dtype in ((2, 3, 77, 96, "bf16"), (1, 2, 300, 64, "fp16"), (3, 1, 1, 32, "bf16"))
+            ] + kernels_bwd512.interpreter_checks()

@@ -202,6 +202,33 @@ def _index(path: str) -> dict[tuple, _Group] | None:
             for g, cells in groups.items()}
 
 
+def route_reason(served_as: str, direction: str) -> str | None:
+    """Why backend op (``served_as``, ``direction``) is better left without tilefly's override on
+    the current CUDA device (None: override it). Under ``config.attention_routes == "auto"`` an op
+    is overridden only when the database serves it with another implementation somewhere: an
+    override is a Python kernel, paid on every call of the op, served or not (H200, torch 2.11,
+    scripts/attention_host_probe.py: ~40 us of host time a forward, ~250 us a forward+backward,
+    with a bare pass-through kernel as much as with tilefly's routing)."""
+    if config.attention_routes == "all":
+        return None
+    from tilefly import _device
+
+    if not _device.has_hopper():
+        return "no sm_90 GPU is current"
+    import torch
+
+    path = config.attention_db or _shipped(torch.cuda.current_device())
+    index = _index(path)
+    if index is None:
+        return "no usable tuning database"
+    for group in index.values():
+        for cell in group.cells.values():
+            if cell["direction"] == direction and len(cell["serve"].get(served_as, ())) > 1:
+                return None
+    return (f"the tuning database never serves {served_as} {direction} with another implementation "
+            "(TILEFLY_ATTENTION_ROUTES=all overrides it anyway)")
+
+
 def reload() -> None:
     """Forget every loaded file and cached answer (after the file changed on disk)."""
     _plan.cache_clear()

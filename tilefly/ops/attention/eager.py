@@ -9,7 +9,9 @@ implementations, tried in order:
     tilefly_fa     tilefly's own kernels, where the database says they win
     sdpa_reroute   another stock backend, where the database says it beats this op's kernel
 
-and otherwise the op's own kernel runs, as without tilefly. Forward and backward are
+and otherwise the op's own kernel runs, as without tilefly. An op the database never serves
+otherwise gets no override at all (``config.attention_routes`` "auto", database.route_reason):
+a Python kernel costs host time on every call of its op, served or not. Forward and backward are
 decided separately; they stay consistent because every implementation's backward takes
 any implementation's saved output and log-sum-exp (backends.py), and outputs are laid
 out as the op's meta kernel promises (formats.py).
@@ -185,10 +187,14 @@ def backend_ops(dispatch_key: str = "CUDA") -> list[BackendOp]:
 
 
 def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
-    """The router entries: per backend op, tilefly_fa first (it computes the shared decision)."""
+    """The router entries: per backend op, tilefly_fa first (it computes the shared decision). On
+    CUDA an op's entries stay out of the route when the database never serves it otherwise
+    (database.route_reason: the override's host cost buys nothing there)."""
     out = []
     for route in backend_ops(dispatch_key):
+        gate = (lambda r=route: database.route_reason(r.backend, r.direction)) if dispatch_key == "CUDA" else None
         out.append(Impl(family, route.op, backends.TileflyFA.name, route.tilefly_predicate, route.serve,
-                        dispatch_key))
-        out.append(Impl(family, route.op, REROUTE, route.reroute_predicate, route.serve, dispatch_key))
+                        dispatch_key, install_reason=gate))
+        out.append(Impl(family, route.op, REROUTE, route.reroute_predicate, route.serve, dispatch_key,
+                        install_reason=gate))
     return out

@@ -24,13 +24,15 @@ router copies into the efficient op's B x S x H x D); lse is B x Hq x Sq float32
 
 Backward (kernels_bwd.py) takes any implementation's out (any strides) and canonical lse, and
 grad_out in any layout (copied to a contiguous one when TMA cannot read it, e.g. the stride-0
-gradient of a sum); dq, dk and dv are allocated like q, k and v.
+gradient of a sum); dq, dk and dv are allocated like q, k and v. Head dim 512 runs
+kernels_bwd512.py instead: cuBLAS batched GEMMs around one Triton elementwise kernel (config
+``bwd512``), same contract.
 
 Configs: one name space (``CONFIGS``) holds the forward configs ``m..n..`` and the backward
 configs ``bwd..x..`` (configs.py), because the tuner pairs one config name with both calls when
 it times a backward. A backward config named to ``forward`` runs the default forward config; a
-forward config named to ``backward`` is refused (ValueError). ``configs_for(direction)`` lists the
-names that choose a kernel in one direction.
+forward config named to ``backward`` is refused (ValueError); ``bwd512`` serves head dim 512
+only. ``configs_for(direction)`` lists the names that choose a kernel in one direction.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import math
 import torch
 
 from tilefly import _device
-from tilefly.ops.attention.configs import FWD512_CONFIG_NAMES
+from tilefly.ops.attention.configs import BWD512_CONFIG_NAMES, FWD512_CONFIG_NAMES
 from tilefly.ops.attention.configs import (BWD_CONFIGS, CONFIGS, FWD_CONFIGS,  # noqa: F401 - CONFIGS
                                            HEAD_DIMS, BwdConfig, FwdConfig, default_bwd_config, default_config,
                                            delta_blocks, dkdv_chunk, kernel_head_dim)
@@ -78,8 +80,6 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         return "empty batch, heads or sequence"
     if hq % hk:
         return f"q heads ({hq}) are not a multiple of k/v heads ({hk})"
-    if d == 512 and direction in BACKWARD:
-        return "head dim 512: tilefly's split-accumulator kernel is forward only (no backward yet)"
     if d not in HEAD_DIMS and d != 512:
         return f"head dim {d}: tilefly attention serves {', '.join(map(str, HEAD_DIMS))} and 512"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -101,12 +101,16 @@ def configs_for(direction: str, head_dim: int | None = None) -> tuple[str, ...]:
             return FWD512_CONFIG_NAMES
         return tuple(name for name, cfg in FWD_CONFIGS.items() if cfg.serves(head_dim))
     if direction in BACKWARD:
-        return tuple(name for name, cfg in BWD_CONFIGS.items() if head_dim is None or cfg.serves(head_dim))
+        if head_dim is None:
+            return tuple(BWD_CONFIGS) + BWD512_CONFIG_NAMES
+        if head_dim == 512:
+            return BWD512_CONFIG_NAMES
+        return tuple(name for name, cfg in BWD_CONFIGS.items() if cfg.serves(head_dim))
     return ()
 
 
 def config_for(config: str | None, head_dim: int, sq: int) -> FwdConfig:
-    if config in FWD512_CONFIG_NAMES:
+    if config in FWD512_CONFIG_NAMES or config in BWD512_CONFIG_NAMES:
         raise ValueError(f"attention config {config} serves head dim 512 only")
     if config is not None and config not in FWD_CONFIGS and config not in BWD_CONFIGS:
         raise ValueError(f"unknown attention config {config!r}")
@@ -152,7 +156,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         from tilefly.ops.attention.kernels_fwd512 import forward512
 
         # As below, a backward config named to the forward runs the default forward config.
-        return forward512(q, k, v, causal, scale, need_lse, None if config in BWD_CONFIGS else config,
+        backward_config = config in BWD_CONFIGS or config in BWD512_CONFIG_NAMES
+        return forward512(q, k, v, causal, scale, need_lse, None if backward_config else config,
                           out=out, lse=lse)
     from tilefly.ops.attention.kernels_fwd import attention_fwd_kernel
 
@@ -192,6 +197,8 @@ def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
 
 
 def bwd_config_for(config: str | None, head_dim: int, sk: int) -> BwdConfig:
+    if config in BWD512_CONFIG_NAMES:
+        raise ValueError(f"attention config {config} serves head dim 512 only")
     if config is not None and config not in BWD_CONFIGS:
         raise ValueError(f"attention config {config!r} is not a backward config ({', '.join(BWD_CONFIGS)})")
     cfg = BWD_CONFIGS[config] if config is not None else default_bwd_config(head_dim, sk)
@@ -213,6 +220,13 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     """(dq, dk, dv) shaped like q, k, v in their dtype. The caller checked unsupported(q, k, v, causal, "bwd");
     ``out`` is the forward's output (any strides), ``lse`` the canonical B x Hq x Sq log-sum-exp.
     ``grads`` given: (dq, dk, dv) written in place (shapes and dtypes of q, k, v, TMA-legal strides)."""
+    if q.shape[-1] == 512:
+        from tilefly.ops.attention.kernels_bwd512 import backward512
+
+        if config is not None and config not in BWD512_CONFIG_NAMES:
+            raise ValueError(f"attention config {config!r} is not a head dim 512 backward config "
+                             f"({', '.join(BWD512_CONFIG_NAMES)})")
+        return backward512(grad_out, q, k, v, out, lse, causal, scale, grads=grads)
     from tilefly.ops.attention.kernels_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel,
                                                    attention_bwd_dq_kernel)
 

@@ -3,7 +3,7 @@ across two warpgroups by head-dim halves. Same contract as kernels_fwd.py (FP16/
 FP32 scores, softmax and accumulation, top-left causal, GQA, tails masked, natural-log lse), whose
 helpers it reuses.
 
-Layout plan (BLOCK_M = 64 query rows, BLOCK_N = 64 or 32 keys per step, D = 512, 8 warps):
+Layout plan (BLOCK_M = 64 query rows, BLOCK_N = 64 keys per step, D = 512, 8 warps; config d512n64p):
 
     why split       a 64 x 512 FP32 O accumulator is 128 KB: 256 registers a thread for one
                     warpgroup (255 is the limit, before S, P and addresses). Two warpgroups hold
@@ -15,15 +15,14 @@ Layout plan (BLOCK_M = 64 query rows, BLOCK_N = 64 or 32 keys per step, D = 512,
                     four warps own 16-row slabs, the two warpgroups own column halves. So
                     warpgroup w holds O[:, 256w : 256w + 256] (128 FP32 a thread) and
                     S[:, w*BLOCK_N/2 : (w+1)*BLOCK_N/2]; each reduces its S half over all 512
-                    head-dim columns (n64: m64n32k16 wgmmas; n32: m64n16k16), and P V is one
-                    m64n256 wgmma per k-step per warpgroup.
+                    head-dim columns (m64n32k16 wgmmas), and P V is one m64n256 wgmma per k-step
+                    per warpgroup.
     softmax         row max and row sum span both warpgroups' S halves: the compiler reduces
                     them through a few hundred bytes of shared scratch. P (FP16/BF16) moves from
                     the S layout into the register A operand of P V through 4 KB of shared
                     scratch: each warpgroup gets the whole P and multiplies it by its V half.
     shared memory   Q [64, 512] resident (64 KB; reused to stage O for its TMA store); K and V
-                    rings of STAGES tiles [BLOCK_N, 512]: n64 one slot each (64 + 64 + 64 KB),
-                    n32 two each (64 + 2*32 + 2*32 KB); ~200 KB with scratch, one CTA per SM.
+                    one slot each [64, 512] (64 + 64 + 64 KB); ~200 KB with scratch, one CTA per SM.
                     NVMMA 128-byte swizzle: TMA moves a 512-wide box as eight 64-column
                     messages (one per warp) that land back to back, chunk c at byte c * rows *
                     128. Q K^T streams the head dim through a runtime loop over those eight
@@ -35,8 +34,16 @@ Layout plan (BLOCK_M = 64 query rows, BLOCK_N = 64 or 32 keys per step, D = 512,
                     softmax and P V), a value slot once P V retired (it overlaps the next
                     Q K^T). The CTA barrier Triton puts before each refill makes both
                     warpgroups' reads retire first.
-    schedule        serial per key tile: Q K^T, softmax, P V; unmasked tiles, then the masked
-                    ones (Sk tail, causal diagonal) as a second loop, as in kernels_fwd.py.
+    schedule        P_{j-1} V_{j-1} runs on the tensor cores while the warps run the softmax of
+                    S_j and move P_j into its operand registers (+12 registers a thread for the
+                    second P); O is rescaled by alpha_j once that wgmma retired. One loop over
+                    the key tiles, masking (Sk tail, causal diagonal) a uniform runtime branch
+                    from tile n_full on. Value slot j-1 is refilled after the rescale (the copy
+                    overlaps the next Q K^T), key slot j after Q K_j^T. H200, B4 H8 S2048 BF16
+                    (scripts/attn512_sweep.py, 2026-11-30): 560 us against 644 us for the serial
+                    order (Q K^T, softmax, P V per tile) and 950 us for 32-key tiles; a variant
+                    in which each warpgroup computed all of S (no cross-warpgroup softmax) took
+                    707 us.
     epilogue        O / l cast into Q's shared tile, one TMA store clipped at Sq;
                     lse = (m + log2 l) * ln 2 with a row-masked store.
 
@@ -55,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import (LN2, _as_a_operand, _load, _rescale, _softmax, _tile, key_tiles,
+from tilefly.ops.attention.kernels_fwd import (LN2, _load, _rescale, _softmax, _tile, key_tiles,
                                               prefetch_kv, query_tile)
 
 HEAD_DIM = 512
@@ -80,12 +87,12 @@ def _chunks(bufs, rows: gl.constexpr, slots: gl.constexpr, CHUNK: gl.constexpr, 
 
 @gluon.jit
 def _qk(q_chunks, k_chunks, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CHUNK: gl.constexpr,
-        CHUNKS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        CHUNKS: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
     """S_j = Q K_j^T summed over the head-dim chunks, every wgmma retired (a runtime loop: see
     the header, shared memory)."""
     slot = j % STAGES
     mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, wgmma_layout(BLOCK_M, BLOCK_N, num_warps))
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     for c in range(CHUNKS):
         q = q_chunks.index(c).reshape([BLOCK_M, CHUNK])
         k = k_chunks.index(slot * CHUNKS + c).reshape([BLOCK_N, CHUNK]).permute((1, 0))
@@ -95,22 +102,45 @@ def _qk(q_chunks, k_chunks, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
 
 
 @gluon.jit
-def _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_ready, o, m_i, l_i, lo, hi, n_tiles,
-               b, hk, off_m, Sk, qk_scale,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CHUNKS: gl.constexpr,
-               STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """Key tiles lo..hi-1 into the running (o, m_i, l_i); MASKED applies the Sk and causal masks."""
-    for j in range(lo, hi):
-        s = _qk(q_chunks, k_chunks, k_ready, j, BLOCK_M, BLOCK_N, HEAD_DIM // CHUNKS, CHUNKS, STAGES, num_warps)
-        # The key slot is read: its next tile lands during this tile's softmax and P V.
+def _p_operand(p, o_layout: gl.constexpr, dtype: gl.constexpr):
+    """P as the register A operand of P V, through shared scratch (the warpgroups split S's
+    columns: header, softmax)."""
+    return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+
+
+@gluon.jit
+def _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_ready, o, m_i, l_i,
+               n_full, n_tiles, b, hk, off_m, Sk, qk_scale,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+               CHUNKS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """All key tiles, P_{j-1} V_{j-1} in flight on the tensor cores while the warps run the
+    softmax of S_j (and move P_j into its operand registers); O is rescaled by alpha_j once that
+    wgmma retired. The loop carries P_{j-1} instead of an in-flight accumulator: every wgmma has
+    retired at the back edge (ptxas serializes all wgmmas otherwise). Masking is a uniform
+    runtime branch from tile n_full on."""
+    o_layout: gl.constexpr = o.type.layout
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    CHUNK: gl.constexpr = HEAD_DIM // CHUNKS
+    s = _qk(q_chunks, k_chunks, k_ready, 0, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES, s_layout)
+    _load(k_desc, k_bufs, k_ready, STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0 >= n_full, 0, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, CAUSAL)
+    p = _p_operand(p, o_layout, k_desc.dtype)      # o is still zero: alpha_0 has nothing to rescale
+    for j in range(1, n_tiles):
+        s = _qk(q_chunks, k_chunks, k_ready, j, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES, s_layout)
         _load(k_desc, k_bufs, k_ready, j + STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, MASKED, j, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, CAUSAL)
+        v_tile = _tile(v_bufs, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+        o = warpgroup_mma(p, v_tile, o, is_async=True)
+        p_next, alpha, m_i, l_i = _softmax(s, m_i, l_i, j >= n_full, j, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N,
+                                           CAUSAL)
+        p_next = _p_operand(p_next, o_layout, k_desc.dtype)
+        o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         o = _rescale(o, alpha)
-        v_tile = _tile(v_bufs, v_ready, j, BLOCK_N, HEAD_DIM, STAGES)
-        o = warpgroup_mma(_as_a_operand(p, o, k_desc.dtype), v_tile, o, is_async=True)
-        o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
-        # The value slot is read: its next tile lands during the next Q K^T.
-        _load(v_desc, v_bufs, v_ready, j + STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
+        # Value tile j-1 is read: its slot takes tile j-1+STAGES during the next Q K^T.
+        _load(v_desc, v_bufs, v_ready, j - 1 + STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
+        p = p_next
+    v_tile = _tile(v_bufs, v_ready, n_tiles - 1, BLOCK_N, HEAD_DIM, STAGES)
+    o = warpgroup_mma(p, v_tile, o, is_async=True)
+    o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
     return o, m_i, l_i
 
 
@@ -150,11 +180,8 @@ def attention_fwd512_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, S
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     mbarrier.wait(q_bar.index(0), 0)
     o, m_i, l_i = _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_ready, o, m_i, l_i,
-                             0, n_full, n_tiles, b, hk, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CHUNKS,
-                             STAGES, False, CAUSAL, num_warps)
-    o, m_i, l_i = _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_ready, o, m_i, l_i,
-                             n_full, n_tiles, n_tiles, b, hk, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CHUNKS,
-                             STAGES, True, CAUSAL, num_warps)
+                             n_full, n_tiles, b, hk, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CHUNKS, STAGES,
+                             CAUSAL, num_warps)
 
     o = o / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
     if STORE_LSE:
@@ -182,12 +209,12 @@ class Fwd512Config:
 
     @property
     def name(self) -> str:
-        return f"d512n{self.block_n}"
+        return f"d512n{self.block_n}p"     # "p": the pipelined schedule (header)
 
 
-FWD512_CONFIGS: dict[str, Fwd512Config] = {c.name: c for c in (Fwd512Config(64, 1), Fwd512Config(32, 2))}
+FWD512_CONFIGS: dict[str, Fwd512Config] = {c.name: c for c in (Fwd512Config(64, 1),)}
 CONFIGS = tuple(FWD512_CONFIGS)
-DEFAULT_CONFIG = "d512n64"
+DEFAULT_CONFIG = "d512n64p"
 
 
 def kernel_signature(cfg: Fwd512Config, dtype: str, causal: bool) -> tuple[dict, dict]:
