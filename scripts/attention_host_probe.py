@@ -1,7 +1,8 @@
 """Host cost of SDPA with tilefly's attention routing, and the kernels each path launches.
 
 For each shape: host microseconds per call (forward, and forward+backward through autograd) with
-tilefly disabled and enabled, timed on the host clock over short batches with the device
+tilefly disabled, with a bare pass-through Python kernel on the cuDNN ops (what any Python override
+costs, routing logic aside), and with tilefly enabled, timed on the host clock over short batches with the device
 synchronized around them (as router_overhead.py does), so the figure is what the Python side and
 launches cost, not the kernels. Then the CUDA kernels one forward+backward launches in each mode
 (torch.profiler), which shows whether a fallback reaches the same kernels.
@@ -49,6 +50,25 @@ def kernels(fn) -> list[str]:
             if e.device_time_total > 0]
 
 
+def passthrough() -> list:
+    """Python kernels on the cuDNN forward and backward ops that only call the captured originals."""
+    import warnings
+
+    libs = []
+    for op in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward"):
+        original = torch.library.get_kernel(f"aten::{op}", "CUDA")
+
+        def handler(keyset, *args, original=original, **kwargs):
+            return original.call_boxed(keyset, *args, **kwargs)
+
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            lib.impl(op, handler, "CUDA", with_keyset=True, allow_override=True)
+        libs.append(lib)
+    return libs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
@@ -66,18 +86,21 @@ def main() -> None:
             return torch.autograd.grad(out, (qg, kg, vg), dout)
 
         row = {"shape": [b, h, s, d, causal]}
-        for mode in ("disabled", "enabled"):
+        for mode in ("disabled", "passthrough", "enabled"):
+            libs = passthrough() if mode == "passthrough" else []
             if mode == "enabled":
                 tilefly.enable(["attention"])
             row[mode] = {"fwd_host_us": per_call_us(fwd), "fwd_bwd_host_us": per_call_us(fwd_bwd),
                          "fwd_bwd_kernels": kernels(fwd_bwd)}
+            for lib in libs:
+                lib._destroy()
             if mode == "enabled":
-                row[mode]["explain"] = str(tilefly.explain(fwd_bwd))[:600] if hasattr(tilefly, "explain") else ""
+                row[mode]["explain"] = str(tilefly.explain(fwd_bwd))[:600]
                 tilefly.disable()
         report.append(row)
-        print(f"{row['shape']}: host us/call fwd {row['disabled']['fwd_host_us']:.1f} -> "
-              f"{row['enabled']['fwd_host_us']:.1f}; fwd+bwd {row['disabled']['fwd_bwd_host_us']:.1f} -> "
-              f"{row['enabled']['fwd_bwd_host_us']:.1f}")
+        print(f"{row['shape']}: host us/call fwd " + " / ".join(
+            f"{m} {row[m]['fwd_host_us']:.1f}" for m in ("disabled", "passthrough", "enabled")) + "; fwd+bwd " +
+            " / ".join(f"{m} {row[m]['fwd_bwd_host_us']:.1f}" for m in ("disabled", "passthrough", "enabled")))
         for mode in ("disabled", "enabled"):
             print(f"  {mode} kernels:")
             for line in row[mode]["fwd_bwd_kernels"]:
