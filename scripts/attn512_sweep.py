@@ -1,7 +1,7 @@
 """Head-dim-512 attention forward: every d512 config against PyTorch's memory-efficient kernel
 (what SDPA runs at 512), BF16, on the shapes of issue #7's targets, causal and not.
 
-    PYTHONPATH=. python scripts/attn512_sweep.py [--configs d512n64,d512n64wp] [--json PATH]
+    PYTHONPATH=. python scripts/attn512_sweep.py [--configs d512n64p] [--json PATH]
 
 Timing: tilefly.bench.timing.measure (CUDA events around each call, L2 flushed before each,
 median; p20/p80 shown). tilefly's kernels run with the log-sum-exp stored (as training needs).
