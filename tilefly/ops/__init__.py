@@ -28,26 +28,15 @@ FAMILIES: dict[str, Family] = {
         Family("topk", "tilefly.ops.topk", "eager", "torch.topk and its out= form"),
         Family("attention", "tilefly.ops.attention", "eager",
                "F.scaled_dot_product_attention, FP16/BF16: each fused backend op (cuDNN, flash, efficient; "
-               "forward and backward) served by what the tuning database picks",
-               # No H200 database ships yet: routing would only add host cost. Opt in with
-               # enable(["attention"]) and a database from `python -m tilefly tune attention`.
-               default=False),
+               "forward and backward) served by what the tuning database picks"),
         Family("gemm", "tilefly.ops.gemm", "inductor",
-               "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY",
-               # Its kernels compile for sm_90a but have not yet passed their GPU tests; Inductor's
-               # autotuning times candidates without checking results, so the family stays opt-in
-               # (enable(["gemm"])) until they have.
-               default=False),
+               "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY"),
         Family("grouped_gemm", "tilefly.ops.grouped_gemm", "inductor",
                "torch._grouped_mm / F.grouped_mm (MoE: 2-D A, 3-D B, offs) under "
-               "torch.compile(mode='max-autotune'), backend TILEFLY",
-               # Compiles for sm_90a; opt-in (enable(["grouped_gemm"])) until its GPU tests pass.
-               default=False),
+               "torch.compile(mode='max-autotune'), backend TILEFLY"),
         Family("mx_gemm", "tilefly.ops.mx_gemm", "eager",
                "MXFP8 / MXFP4 F.scaled_mm (BlockWise1x32 E8M0 scales; aten::_scaled_mm_v2 and the legacy "
-               "_scaled_mm), which ATen cannot run on sm_90",
-               # First version: not yet verified on the GPU nor tuned; opt in with enable(["mx_gemm"]).
-               default=False),
+               "_scaled_mm), which ATen cannot run on sm_90"),
     )
 }
 

@@ -113,12 +113,22 @@ def test_shipped_file_is_named_by_gpu():
     assert tdb.shipped_path("attention", tdb.gpu_key("NVIDIA H200", (9, 0))).name == "attention_sm90_h200.json"
 
 
-def test_no_hand_written_database_is_shipped():
-    """Until the tuner has run on the H200, no shipped file: routing keeps PyTorch's choice."""
-    for path in tdb.DATA_DIR.glob("attention_*.json"):
-        data = json.loads(path.read_text())
-        assert data["tuner_args"].get("hand_made_for") is None, f"{path} was not produced by the tuner"
-        database.load(str(path))
+def test_the_shipped_h200_database_comes_from_the_tuner_and_covers_the_benchmark():
+    """The shipped file: written by `python -m tilefly tune attention --grid ship` on an H200 (its
+    header says so), valid, complete, and with an entry for every attention-suite workload."""
+    path = tdb.shipped_path("attention", tdb.gpu_key("NVIDIA H200", (9, 0)))
+    data = json.loads(path.read_text())
+    assert data["gpu"] == "NVIDIA H200" and data["tuner_args"]["grid_name"] == "ship"
+    assert data["tuner_args"]["complete"] and data["tuner_args"].get("hand_made_for") is None
+    config.attention_db = str(path)
+    for d, causal, s in ((64, False, 1024), (128, True, 16384), (96, True, 4096), (512, True, 2048)):
+        for direction in ("fwd", "bwd"):
+            plan = database.plan("cudnn" if d <= 256 else "efficient", direction, "bf16", d, causal, False, s, s, 0)
+            assert "untuned" not in plan.reason, plan.reason
+    # Head dim 512: PyTorch's efficient kernel is beaten in both directions, by tilefly's kernels.
+    for direction, config_name in (("fwd", "d512n64p"), ("bwd", "bwd512")):
+        plan = database.plan("efficient", direction, "bf16", 512, False, False, 2048, 2048, 0)
+        assert plan.candidates[0] == ("tilefly_fa", config_name)
 
 
 def test_lookup_cost(grid):
@@ -147,6 +157,11 @@ def test_route_reason_overrides_only_ops_the_database_serves_otherwise(grid, mon
     config.attention_routes = "all"
     assert database.route_reason("flash", "fwd") is None
     config.attention_routes = "auto"
+    # A saving below an override's host cost does not route the op: 100 - 10 us < HOST_COST_US["bwd"].
+    config.attention_db = write_db(config.attention_db + ".small.json",
+                                   [db_entry("bwd", sq_bin=1024, sk_bin=1024, serve={"cudnn": ["flash"]})])
+    database.reload()
+    assert 90.0 < database.HOST_COST_US["bwd"] and "best: 90 us" in database.route_reason("cudnn", "bwd")
     config.attention_db = "/nonexistent/attention.json"
     database.reload()
     assert database.route_reason("cudnn", "fwd") == "no usable tuning database"

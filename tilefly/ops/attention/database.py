@@ -202,13 +202,18 @@ def _index(path: str) -> dict[tuple, _Group] | None:
             for g, cells in groups.items()}
 
 
+# Host time a Python override adds to each call of a backend op, whatever it decides (H200, torch
+# 2.11, scripts/attention_host_probe.py: a bare pass-through kernel on the cuDNN ops cost +40 us a
+# forward and +250 us a forward+backward). An op is routed only where the database shows a saving
+# at least this large, so the override pays for itself at least there.
+HOST_COST_US = {"fwd": 40.0, "bwd": 210.0}
+
+
 def route_reason(served_as: str, direction: str) -> str | None:
     """Why backend op (``served_as``, ``direction``) is better left without tilefly's override on
     the current CUDA device (None: override it). Under ``config.attention_routes == "auto"`` an op
-    is overridden only when the database serves it with another implementation somewhere: an
-    override is a Python kernel, paid on every call of the op, served or not (H200, torch 2.11,
-    scripts/attention_host_probe.py: ~40 us of host time a forward, ~250 us a forward+backward,
-    with a bare pass-through kernel as much as with tilefly's routing)."""
+    is overridden only when the database serves it with another implementation that saves at
+    least HOST_COST_US somewhere: an override is a Python kernel, paid on every call of the op."""
     if config.attention_routes == "all":
         return None
     from tilefly import _device
@@ -221,12 +226,17 @@ def route_reason(served_as: str, direction: str) -> str | None:
     index = _index(path)
     if index is None:
         return "no usable tuning database"
+    best = 0.0
     for group in index.values():
         for cell in group.cells.values():
-            if cell["direction"] == direction and len(cell["serve"].get(served_as, ())) > 1:
-                return None
-    return (f"the tuning database never serves {served_as} {direction} with another implementation "
-            "(TILEFLY_ATTENTION_ROUTES=all overrides it anyway)")
+            ranking = cell["serve"].get(served_as, ())
+            if cell["direction"] == direction and len(ranking) > 1:
+                best = max(best, ranking[-1][1] - ranking[0][1])
+    if best >= HOST_COST_US[direction]:
+        return None
+    return (f"the tuning database never serves {served_as} {direction} with another implementation that saves "
+            f"{HOST_COST_US[direction]:.0f} us, an override's host cost (best: {best:.0f} us; "
+            "TILEFLY_ATTENTION_ROUTES=all overrides it anyway)")
 
 
 def reload() -> None:

@@ -151,9 +151,12 @@ class BackendOp:
         causal = bool(spec.arg(args, kwargs, "is_causal", False))
         scale = spec.arg(args, kwargs, "scale")
         need_lse = bool(spec.arg(args, kwargs, "compute_log_sumexp", True))  # flash always returns it
-        out, lse = impl.forward(q, k, v, causal, scale, need_lse, config)
         slots = spec.template(args, kwargs)
         device = q.device
+        if impl is backends.TILEFLY_FA:   # writes the op's own output layout (efficient: B x S x H x D) itself
+            out, lse = impl.forward(q, k, v, causal, scale, need_lse, config, out=slots[0].empty(device))
+        else:
+            out, lse = impl.forward(q, k, v, causal, scale, need_lse, config)
         return (formats.conform(out, slots[0]),
                 formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], device),
                 *(formats.fill(s, device) for s in slots[2:]))
