@@ -1,11 +1,22 @@
 """Time the skinny MX GEMM (kernels_skinny.py) on the skinny rows of cases/mxfp_gemm.csv (at most
 configs.SKINNY_MAX_COLS on the small side): every skinny config ``configs.offered`` races there,
 the eager pick (``configs.pick``), the Gluon pick it replaced (``configs.gluon_pick``) and BF16
-torch.mm on BF16 operands of the same shape. CUDA events around each call, L2 flushed before each
-by reading a 256 MiB buffer, median of --reps. Each tilefly result is first checked against the
-float64 product of the dequantized operands (max error / max|C|). Prints one table.
+torch.mm on BF16 operands of the same shape. Per provider three times, so a host-bound call can be
+told from a device-bound one:
 
-    python scripts/mx_skinny_sweep.py [--cases CSV] [--reps 50]
+    us      CUDA events around each call, L2 flushed before each by reading a 256 MiB buffer,
+            median of --reps (a call whose host path outlasts the ~65 us flush leaves the GPU idle
+            inside the event pair, and that gap is counted);
+    dev us  the GPU time of the call's kernels (torch.profiler, CUDA activity: the summed
+            durations of every kernel the call launched, flush kernels excluded), per call over
+            --prof-calls calls, each after an L2 flush;
+    host us perf_counter around 100 back-to-back calls (synchronized before; the clock stops
+            before the closing synchronize), per call: the host path alone.
+
+Each tilefly result is first checked against the float64 product of the dequantized operands
+(max error / max|C|). Prints one table.
+
+    python scripts/mx_skinny_sweep.py [--cases CSV] [--reps 50] [--prof-calls 10]
                                       [--swizzled] [--json FILE]
 """
 from __future__ import annotations
@@ -15,6 +26,7 @@ import csv
 import json
 import os
 import statistics
+import time
 
 import torch
 
@@ -52,6 +64,33 @@ class Timer:
             times.append(start.elapsed_time(end) * 1e3)
         return statistics.median(times)
 
+    def host_us(self, fn, calls: int = 100) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return elapsed / calls * 1e6
+
+    def device_us(self, fn, calls: int) -> float:
+        """Summed kernel durations of ``calls`` calls (each after a flush) over ``calls``; the
+        flush's kernels are told apart by name from a profile of flushes alone."""
+        flush_names = {e.name for e in self._kernels(lambda: self.flush.sum(), 2)}
+        kernels = [e for e in self._kernels(fn, calls) if e.name not in flush_names]
+        return sum(e.time_range.elapsed_us() for e in kernels) / calls
+
+    def _kernels(self, fn, calls: int):
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                self.flush.sum()
+                fn()
+            torch.cuda.synchronize()
+        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
 
 def weight_bytes(fmt: str, m: int, n: int, k: int) -> int:
     rows = max(m, n)
@@ -62,13 +101,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--prof-calls", type=int, default=10, help="calls profiled for the device time")
     ap.add_argument("--swizzled", action="store_true", help="SWIZZLE_32_4_4 scales (default NO_SWIZZLE)")
     ap.add_argument("--json")
     args = ap.parse_args()
     timer = Timer(args.reps)
     swizzle = "32_4_4" if args.swizzled else "none"
     results = []
-    header = f"{'format':6} {'m':>5} {'n':>6} {'k':>5}  {'provider':26} {'us':>8} {'W TB/s':>7} {'TFLOP/s':>8} {'vs mm':>6} {'err':>8}"
+    header = (f"{'format':6} {'m':>5} {'n':>6} {'k':>5}  {'provider':30} {'us':>8} {'dev us':>8} {'host us':>8} "
+              f"{'W TB/s':>7} {'devTB/s':>7} {'TFLOP/s':>8} {'vs mm':>6} {'err':>8}")
     print(header, flush=True)
     for fmt, m, n, k in skinny_cases(args.cases):
         g = torch.Generator(device="cuda").manual_seed(m + n + k)
@@ -89,31 +130,38 @@ def main() -> None:
         providers[gluon.name + " (gluon pick)"] = gluon
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        mm_us = timer.median_us(lambda: torch.mm(x, w))
         flops = 2.0 * m * n * k
         wb = weight_bytes(fmt, m, n, k)
 
-        def report(name, us, err):
-            row = dict(format=fmt, m=m, n=n, k=k, provider=name, us=us, weight_tbps=wb / us / 1e6,
-                       tflops=flops / us / 1e6, vs_mm=mm_us / us, err=err)
+        def timed(fn) -> tuple[float, float, float]:
+            return timer.median_us(fn), timer.device_us(fn, args.prof_calls), timer.host_us(fn)
+
+        def report(name, times, err):
+            us, dev_us, host_us = times
+            row = dict(format=fmt, m=m, n=n, k=k, provider=name, us=us, device_us=dev_us, host_us=host_us,
+                       weight_tbps=wb / us / 1e6, device_weight_tbps=wb / dev_us / 1e6 if dev_us else None,
+                       tflops=flops / us / 1e6, vs_mm=mm_times[0] / us, err=err)
             results.append(row)
             err_s = "" if err is None else f"{err:.1e}"
-            print(f"{fmt:6} {m:>5} {n:>6} {k:>5}  {name:26} {us:8.2f} {row['weight_tbps']:7.2f} "
-                  f"{row['tflops']:8.1f} {row['vs_mm']:6.2f} {err_s:>8}", flush=True)
+            dev_tbps = f"{row['device_weight_tbps']:7.2f}" if dev_us else f"{'-':>7}"
+            print(f"{fmt:6} {m:>5} {n:>6} {k:>5}  {name:30} {us:8.2f} {dev_us:8.2f} {host_us:8.2f} "
+                  f"{row['weight_tbps']:7.2f} {dev_tbps} {row['tflops']:8.1f} {row['vs_mm']:6.2f} {err_s:>8}",
+                  flush=True)
 
-        report("torch.mm bf16", mm_us, None)
+        mm_times = timed(lambda: torch.mm(x, w))
+        report("torch.mm bf16", mm_times, None)
         for name, cfg in providers.items():
             try:
                 out.fill_(float("nan"))
                 launch.run(p, a, b, sa, sb, out, cfg=cfg)
                 torch.cuda.synchronize()
                 err = ((out.double() - ref).abs().max() / ref.abs().max()).item()   # NaN if anything unwritten
-                us = timer.median_us(lambda cfg=cfg: launch.run(p, a, b, sa, sb, out, cfg=cfg))
+                times = timed(lambda cfg=cfg: launch.run(p, a, b, sa, sb, out, cfg=cfg))
             except Exception as exc:  # noqa: BLE001 - report and keep sweeping
-                print(f"{fmt:6} {m:>5} {n:>6} {k:>5}  {name:26} FAILED {type(exc).__name__}: {str(exc)[:160]}",
+                print(f"{fmt:6} {m:>5} {n:>6} {k:>5}  {name:30} FAILED {type(exc).__name__}: {str(exc)[:160]}",
                       flush=True)
                 continue
-            report(name, us, err)
+            report(name, times, err)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,7 +1,9 @@
 """The skinny MX GEMM (kernels_skinny.py, skinny.py): configs and launcher decisions on CPU; on the
-H200 every offered skinny config against a float64 reference of the dequantized operands (both
-formats and scale layouts, bias, FP16/FP32 out, extreme and NaN scales). The interpreter checks
-(configs.interpreter_checks, run by test_mx_requant.py) cover the kernel on CPU."""
+H200 every offered skinny config (dequantizing and exact-only) against a float64 reference of the
+dequantized operands (both formats and scale layouts, bias, FP16/FP32 out, extreme and NaN scales:
+the dequantizing pick's exact fallback; scales at the guard's bounds: its BF16 path), and the
+cached launch. The interpreter checks (configs.interpreter_checks, run by test_mx_requant.py)
+cover the kernel and its scale guard on CPU."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,9 +22,10 @@ SKINNY_TOKENS = [1, 16, 32, 33, 64, 128, 256]
 def test_skinny_is_picked_and_raced_up_to_256_tokens(fmt, cols):
     picked = configs.pick(14336, cols, 4096, fmt)
     offered = configs.offered(14336, cols, 4096, fmt)
-    assert picked.kernel == configs.SKINNY and picked.name.startswith("mxs_")
-    skinny_offered = [c for c in offered if c.kernel == configs.SKINNY]
-    assert skinny_offered == configs.skinny_configs(14336, cols, 4096, fmt) and len(skinny_offered) == 2
+    assert picked.kernel == configs.SKINNY_DEQUANT and picked.name.startswith("mxd_")
+    skinny_offered = [c for c in offered if c.kernel in configs.SKINNY_KERNELS]
+    assert skinny_offered == configs.skinny_configs(14336, cols, 4096, fmt) and len(skinny_offered) == 4
+    assert [c.kernel for c in skinny_offered] == [configs.SKINNY_DEQUANT] * 2 + [configs.SKINNY] * 2
     assert picked == skinny_offered[0]
     assert [c for c in offered if c.kernel == 2] == configs.v2_configs(14336, cols, 4096, fmt)  # v1, v2 still race
     for cfg in skinny_offered:
@@ -35,12 +38,15 @@ def test_skinny_is_picked_and_raced_up_to_256_tokens(fmt, cols):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 def test_wider_problems_keep_the_gluon_kernels(fmt):
     assert configs.pick(4096, 257, 4096, fmt) == configs.gluon_pick(4096, 257, 4096, fmt)
-    assert all(c.kernel != configs.SKINNY for c in configs.offered(4096, 512, 4096, fmt))
+    assert all(c.kernel not in configs.SKINNY_KERNELS for c in configs.offered(4096, 512, 4096, fmt))
 
 
-def test_static_reason_rejects_skinny_builds_the_kernel_cannot_take():
+@pytest.mark.parametrize("kernel", [4, 5])
+def test_static_reason_rejects_skinny_builds_the_kernel_cannot_take(kernel):
+    assert configs.SKINNY_KERNELS == (4, 5)
+
     def reason(*args):
-        return configs.static_reason(configs.MXConfig(*args, kernel=configs.SKINNY), "mxfp8")
+        return configs.static_reason(configs.MXConfig(*args, kernel=kernel), "mxfp8")
 
     assert reason(64, 16, 4, 4) is None
     assert "block_n" in reason(64, 8, 4, 4)          # tl.dot needs 16 tokens at least
@@ -61,7 +67,9 @@ def test_splits_fill_the_gpu_and_cover_k(fmt, rows, cols, k):
         tiles = -(-rows // cfg.block_m) * -(-cols // cfg.block_n)
         assert splits <= cfg.max_splits
         if k_blocks >= 16 * skinny.BLOCKS_PER_STEP and tiles < 132:
-            assert tiles * splits >= 132, "the weight streams from every SM"
+            # 32 row tiles x 4 splits on a one-program-an-SM build leaves 4 SMs idle: one wave
+            # beats the 5-split second wave (choose_splits)
+            assert tiles * splits >= 0.9 * 132, "the weight streams from (almost) every SM"
 
 
 @pytest.mark.parametrize("m, n, fmt", [(16, 4096, "mxfp8"), (4096, 1, "mxfp4")])
@@ -83,16 +91,18 @@ def test_compile_specs_cover_every_shipped_skinny_config_and_variant():
     assert len(set(names)) == len(names)
     for fmt, cfg in skinny.shipped():
         assert any(n.startswith(f"mx_gemm.{cfg.name}[{fmt},swz=00,bias=0,bf16]") for n in names)
-    skinny_names = [n for n in names if ".mxs_" in n]
+    skinny_names = [n for n in names if ".mxd_" in n]   # the pick's build also holds the exact path
     for tag in ("swz=11", "swz=01", "bias=1", "bias=2", "fp16", "mxfp4", "mxfp8"):
         assert any(tag in n for n in skinny_names), tag
 
 
-def test_a_skinny_spec_compiles_to_fp8_wgmma():
+def test_a_dequantizing_spec_compiles_to_bf16_and_fp8_wgmma():
+    """The pick's build holds both paths: the BF16 wgmma (HGMMA) and the exact path's FP8 one."""
     pytest.importorskip("triton")
     from tilefly.compile_check import compile_one
 
-    spec = next(s for s in configs.compile_specs() if s.name.startswith("mx_gemm.mxs_64x16") and "mxfp4" in s.name)
+    spec = next(s for s in configs.compile_specs() if s.name.startswith("mx_gemm.mxd_64x16") and "mxfp4" in s.name)
+    assert {"HGMMA", "QGMMA", "ATOMG"} <= set(spec.sass_must_contain)
     result = compile_one(spec)
     assert result.ok, result.error
     assert result.local == 0 and result.stack == 0
@@ -252,3 +262,86 @@ def test_nan_scales_poison_their_row_and_column(skinny_calls, fmt, swizzle):
     assert torch.equal(torch.isnan(out), expect_nan)
     ref = _reference(a, b, sa, sb, fmt, swizzle)
     _check(torch.where(expect_nan, 0.0, out).to(torch.bfloat16), torch.where(expect_nan, 0.0, ref), torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle", mx.SWIZZLES)
+@pytest.mark.parametrize("outside", [None, 72, 182, 255])
+def test_dequantizing_path_at_the_guard_bounds(fmt, swizzle, outside):
+    """Every scale at 2^+-54 or 2^0 (the BF16 path at its bounds) against float64; with ``outside``
+    one weight block's byte just past the bound (or NaN), so its programs take the exact path
+    while the others stay on the BF16 one, all in one launch of the dequantizing pick."""
+    m, n, k = 16, 1024, 2048
+    g = torch.Generator(device="cuda").manual_seed(23)
+    a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
+    base = torch.tensor([73, 181, 127, 181], device="cuda", dtype=torch.int32).repeat(k // 128)
+    delta = torch.randint(-6, 7, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    bits_a = base.expand(m, -1).contiguous().to(torch.uint8)
+    bits_b = (254 - base + delta).clamp(73, 181).to(torch.uint8)
+    if outside is not None:
+        bits_b[300, 17] = outside
+    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
+    if swizzle == "32_4_4":
+        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
+    b = b_nk.t()
+    p = eligibility.parse(a, b, sa, sb, swizzle == "32_4_4", swizzle == "32_4_4")
+    cfg = configs.pick(n, m, k, fmt)
+    assert cfg.kernel == configs.SKINNY_DEQUANT
+    ref = _reference(a, b, sa, sb, fmt, swizzle)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    skinny.run(p, a, b, sa, sb, out, cfg=cfg)
+    torch.cuda.synchronize()
+    if outside == 255:
+        assert out[:, 300].isnan().all() and ref[:, 300].isnan().all()
+        out, ref = out[:, torch.arange(n, device="cuda") != 300], ref[:, torch.arange(n, device="cuda") != 300]
+    assert torch.isfinite(ref).all() and ref.abs().max() > 1e-3
+    _check(out, ref, torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cached_launch(monkeypatch, fmt):
+    """The second call of a key skips the JIT (one C launch) and matches the first; new addresses,
+    Triton launch hooks and CUDA graph capture go through the JIT; a captured graph replays right."""
+    from triton import knobs
+
+    m, n, k = 8, 4096, 4096
+    a, b, sa, sb = _quantized(fmt, m, n, k, "none", seed=29)
+    p = eligibility.parse(a, b, sa, sb, False, False)
+    ref = _reference(a, b, sa, sb, fmt, "none")
+    jit_calls = []
+    real = skinny._jit_run
+    monkeypatch.setattr(skinny, "_jit_run", lambda *args: jit_calls.append(1) or real(*args))
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    skinny.run(p, a, b, sa, sb, out)
+    first = out.clone()
+    out.fill_(float("nan"))
+    skinny.run(p, a, b, sa, sb, out)
+    torch.cuda.synchronize()
+    assert len(jit_calls) == 1, "the cached plan was not used"
+    assert torch.equal(out, first)
+    _check(out, ref, torch.bfloat16)
+    other = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    skinny.run(p, a, b, sa, sb, other)
+    torch.cuda.synchronize()
+    assert len(jit_calls) == 2 and torch.equal(other, first)
+    seen = []
+    hook = seen.append
+    knobs.runtime.launch_enter_hook.add(hook)   # a HookChain in Triton 3.6 (what profilers join)
+    try:
+        skinny.run(p, a, b, sa, sb, out)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(jit_calls) == 3 and seen, "launch hooks must see the launch"
+    monkeypatch.undo()
+    graph_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    skinny.run(p, a, b, sa, sb, graph_out)                  # compiled and planned before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        skinny.run(p, a, b, sa, sb, graph_out)
+    graph_out.fill_(float("nan"))
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, first)

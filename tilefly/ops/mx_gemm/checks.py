@@ -2,7 +2,13 @@
 the kernel against a torch transcription of its rule, and ``requant.run`` end to end (PyTorch's
 row-scaled ``_scaled_mm`` runs on CPU) against the float64 product of the dequantized operands;
 the skinny kernel (skinny.run) against the same reference, split and unsplit, both scale layouts,
-bias, FP16 and FP32 out, NaN and extreme scales."""
+bias, FP16 and FP32 out, NaN and extreme scales, its dequantizing builds (scales at the guard's
+bounds: the BF16 path) and an exact-only build, and the guard itself (``_dequant_steps``'s
+verdict) on bytes just inside and outside its range, NaN bytes and masked rows and blocks.
+
+The dequantizing path's BF16 dot runs on FP32 copies of its operands in the interpreter
+(kernels_skinny.INTERPRETED: Triton 3.6's interpreter multiplies BF16 bit patterns); the scaled
+BF16 values themselves are what it checks."""
 from __future__ import annotations
 
 import functools
@@ -25,17 +31,71 @@ def interpreter_checks():
 
 
 def skinny_checks():
-    # (fmt, m, n, k, swizzled, bias, out dtype, scales, splits): m < n puts the weight in X
-    # (swap-AB), m > n keeps A there; k = 480 leaves the last 128-K step partial.
-    cases = [("mxfp8", 5, 80, 512, False, False, "fp16", "plain", 2),
-             ("mxfp4", 3, 96, 480, True, True, "bf16", "spread", 3),
-             ("mxfp8", 70, 17, 256, True, True, "fp32", "plain", 1),
-             ("mxfp4", 2, 64, 256, False, False, "fp32", "nan", 2),
-             ("mxfp8", 3, 64, 512, True, False, "fp32", "extreme", 4),
-             ("mxfp4", 1, 33, 256, False, False, "fp32", "extreme", 1)]
-    return [(f"skinny[{fmt},{m}x{n}x{k},swz={int(swz)},bias={int(bias)},{out},{scales},splits={splits}]",
-             functools.partial(_check_skinny, fmt, m, n, k, swz, bias, out, scales, splits))
-            for fmt, m, n, k, swz, bias, out, scales, splits in cases]
+    # (fmt, m, n, k, swizzled, bias, out dtype, scales, splits, build): m < n puts the weight in X
+    # (swap-AB), m > n keeps A there; k = 480 leaves the last 128-K step partial. build: "pick" (the
+    # first dequantizing config; "nan" and "extreme" scales send programs to its exact path, "edge"
+    # keeps every scale at the guard's bounds, so the BF16 path) or "exact" (the first exact-only).
+    cases = [("mxfp8", 5, 80, 512, False, False, "fp16", "plain", 2, "pick"),
+             ("mxfp4", 3, 96, 480, True, True, "bf16", "spread", 3, "pick"),
+             ("mxfp8", 70, 17, 256, True, True, "fp32", "plain", 1, "pick"),
+             ("mxfp4", 2, 64, 256, False, False, "fp32", "nan", 2, "pick"),
+             ("mxfp8", 3, 64, 512, True, False, "fp32", "extreme", 4, "pick"),
+             ("mxfp4", 1, 33, 256, False, False, "fp32", "extreme", 1, "pick"),
+             ("mxfp8", 4, 70, 512, False, False, "fp32", "edge", 2, "pick"),
+             ("mxfp4", 40, 3, 256, True, False, "fp32", "edge", 1, "pick"),
+             ("mxfp8", 5, 80, 480, True, True, "bf16", "spread", 2, "exact"),
+             ("mxfp4", 2, 64, 256, False, False, "fp32", "nan", 1, "exact")]
+    checks = [(f"skinny[{fmt},{m}x{n}x{k},swz={int(swz)},bias={int(bias)},{out},{scales},splits={splits},{build}]",
+               functools.partial(_check_skinny, fmt, m, n, k, swz, bias, out, scales, splits, build))
+              for fmt, m, n, k, swz, bias, out, scales, splits, build in cases]
+    return checks + [("skinny_scale_guard", _check_scale_guard)]
+
+
+def _check_scale_guard() -> None:
+    """The dequantizing loop's guard through a one-program probe of ``_dequant_steps``: safe
+    exactly when every live scale byte of either operand lies in 127 +- SAFE_EXP; bytes of rows
+    past the row count and of blocks outside [kb_first, kb_end) ignored."""
+    global kernels_skinny  # the probe's body resolves it among this module's globals
+    import torch
+    import triton
+    import triton.language as tl
+
+    from tilefly.ops.mx_gemm import kernels_skinny
+
+    @triton.jit
+    def probe(q_ptr, sx_ptr, sy_ptr, out_ptr, ROWS, COLS, kb_first, kb_end, k_blocks, BLOCK: tl.constexpr):
+        idx = tl.arange(0, BLOCK)
+        q_rows = q_ptr + idx.to(tl.int64)[:, None] * (k_blocks * 32)
+        _, safe = kernels_skinny._dequant_steps(q_rows, q_rows, sx_ptr, sy_ptr, idx, idx, ROWS, COLS, kb_first,
+                                                kb_end, k_blocks, k_blocks, 1, k_blocks, 1, BLOCK, BLOCK, False,
+                                                False, False)
+        tl.store(out_ptr, safe.to(tl.int32))
+
+    bound = kernels_skinny.SAFE_EXP.value
+    rows, k_blocks = 16, 40
+    g = torch.Generator().manual_seed(9)
+    data = torch.randint(0, 0x7f, (rows, k_blocks * 32), generator=g, dtype=torch.uint8)
+    base = torch.randint(127 - bound, 128 + bound, (rows, k_blocks), generator=g, dtype=torch.int32)
+    base[0, 0], base[1, 39] = 127 - bound, 127 + bound
+
+    def safe(sx, sy, count=rows, first=0, end=k_blocks):
+        out = torch.full((1,), -1, dtype=torch.int32)
+        probe[(1,)](data, sx.to(torch.uint8), sy.to(torch.uint8), out, count, count, first, end, k_blocks,
+                    BLOCK=rows)
+        return bool(out.item())
+
+    cases = [("in range", base, base, {}, True)]
+    for byte in (127 - bound - 1, 127 + bound + 1, 255, 0, 254):
+        bad = base.clone()
+        bad[5, 33] = byte
+        for side, sx, sy in (("x", bad, base), ("y", base, bad)):
+            cases += [(f"{side} byte {byte}", sx, sy, {}, False),
+                      (f"{side} byte {byte}, row masked", sx, sy, dict(count=5), True),
+                      (f"{side} byte {byte}, past the split", sx, sy, dict(end=32), True),
+                      (f"{side} byte {byte}, before the split", sx, sy, dict(first=36), True)]
+    for name, sx, sy, kwargs, want in cases:
+        if safe(sx, sy, **kwargs) != want:
+            raise AssertionError(f"scale guard on {name}: want {want}")
 
 
 def _skinny_operands(fmt: str, m: int, n: int, k: int, scales: str):
@@ -51,13 +111,19 @@ def _skinny_operands(fmt: str, m: int, n: int, k: int, scales: str):
         sa = base.expand(m, -1).contiguous().to(torch.uint8)
         delta = torch.randint(-6, 7, (n, k // 32), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
         sb = (254 - base + delta).clamp(0, 254).to(torch.uint8)
+    elif scales == "edge":  # A at 2^+-54 (the guard's bounds) and 2^0, B about the inverse, all inside
+        bound = 54
+        base = torch.tensor([127 - bound, 127 + bound, 127, 127 + bound], dtype=torch.int32).repeat(k // 128)
+        sa = base.expand(m, -1).contiguous().to(torch.uint8)
+        delta = torch.randint(-6, 7, (n, k // 32), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
+        sb = (254 - base + delta).clamp(127 - bound, 127 + bound).to(torch.uint8)
     elif scales == "nan":
         sa[m - 1, 1] = 255
         sb[n // 2, k // 32 - 1] = 255
     return qa, sa, qb, sb
 
 
-def _check_skinny(fmt, m, n, k, swizzled, with_bias, out_name, scales, splits) -> None:
+def _check_skinny(fmt, m, n, k, swizzled, with_bias, out_name, scales, splits, build) -> None:
     import torch
 
     from tilefly import mx
@@ -75,15 +141,17 @@ def _check_skinny(fmt, m, n, k, swizzled, with_bias, out_name, scales, splits) -
     if swizzled:
         sa, sb = mx.layout.to_blocked(sa), mx.layout.to_blocked(sb)
     out = torch.full((m, n), float("nan"), dtype=out_dtype)
-    cfg = configs.skinny_configs(max(m, n), min(m, n), k, fmt)[0]
+    builds = configs.skinny_configs(max(m, n), min(m, n), k, fmt)
+    want = configs.SKINNY_DEQUANT if build == "pick" else configs.SKINNY
+    cfg = next(c for c in builds if c.kernel == want)
     skinny.run(MXProblem(fmt, m, n, k, swizzled, swizzled), qa, qb.t(), sa, sb, out, bias, cfg=cfg, splits=splits)
     nan_want = torch.isnan(ref)
     if scales == "nan" and not nan_want.any():
         raise AssertionError("the NaN case has no NaN in its reference")
     if not torch.equal(torch.isnan(out), nan_want):
         raise AssertionError(f"NaN at {torch.isnan(out).nonzero().tolist()[:8]}, want {nan_want.nonzero().tolist()[:8]}")
-    if scales == "extreme" and not (torch.isfinite(ref).all() and ref.abs().max() > 1e-3):
-        raise AssertionError("the extreme-scale case must have a finite, nonzero product")
+    if scales in ("extreme", "edge") and not (torch.isfinite(ref).all() and ref.abs().max() > 1e-3):
+        raise AssertionError(f"the {scales}-scale case must have a finite, nonzero product")
     eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -13}[out_dtype]
     ok = ~nan_want
     err = (out.double() - ref).abs()[ok]

@@ -7,24 +7,42 @@ skinny.py maps F.scaled_mm onto it with the weight (the big side) as X and the t
 a decode GEMM streams its weight rows through the dot's M side (swap-AB): C is the transposed
 output tile [BLOCK_R weight rows, BLOCK_C tokens].
 
-Layout plan (grid: weight tiles x K-splits x token tiles, ``num_warps`` 4 or 8):
+Layout plan (grid: (weight tiles x token tiles, K-splits), token tiles fastest, so the programs
+that share a weight tile run together and its bytes come from HBM once; 4 or 8 warps):
 
-    K step          128 K elements (4 scale blocks) a loop iteration, as 4 separate loads per
-                    operand ([BLOCK_R, 32] and [BLOCK_C, 32] bytes; MXFP4 [*, 16]), rows
-                    masked past ROWS / COLS, blocks past the split's end masked off; Triton's
-                    pipeliner keeps ``num_stages`` iterations of them in flight (cp.async into
-                    shared memory, its default swizzle).
-    FP4 unpack      MXFP4: each E2M1 nibble becomes the E4M3 byte of the same value in registers
-                    (exact), low nibble first, so both formats feed one FP8 dot.
-    MMA             per 32-K block a fresh FP8 ``tl.dot`` (wgmma, M = weight rows, N = tokens,
-                    K = 32) into an FP32 partial; each thread holds
-                    BLOCK_R * BLOCK_C / (32 * num_warps) partial and accumulator values.
-    scaling         the block's scales (one byte per weight row and per token, L1/L2 hits; in
-                    NO_SWIZZLE through their strides, in SWIZZLE_32_4_4 through the tile
-                    offsets) are split into halves that are crossed, so the product 2^(ex+ey-254)
-                    is applied as two FP32 factors each within 2^+-127: acc = fma(p * g1, g2, acc).
-                    Exact then rounded once wherever the result is an FP32 normal, also for
-                    scales at 2^+-127; a NaN scale (byte 255) makes its row or token NaN.
+    K step          128 K elements (4 scale blocks) a loop iteration; Triton's pipeliner keeps
+                    ``num_stages`` iterations of loads in flight (cp.async into shared memory,
+                    its default swizzle). Rows past ROWS / COLS and blocks past the split's end
+                    are masked (values 0, scales 2^0).
+    DEQUANT path    (constexpr DEQUANT; kept when the guard below passes) per step one
+                    [BLOCK_R, 4, 32] load of weight bytes (MXFP4 [*, 4, 16]) and its [BLOCK_R, 4]
+                    scales, the same for the tokens (MXFP4 tokens: each byte loaded for both its
+                    nibbles, see _scaled_step); each value becomes BF16 times its block scale in
+                    registers (MXFP8: E4M3 -> FP32, times 2^e built from the scale byte, -> BF16;
+                    MXFP4: the BF16 bit pattern straight from the nibble, the scale added to its
+                    exponent field); then ONE BF16 ``tl.dot`` over the 128 K (wgmma, M = weight
+                    rows from registers (MXFP8) or a BF16 shared tile (MXFP4), N = tokens from a
+                    BF16 shared tile) accumulates into the FP32 tile: no per-block promotion.
+                    Triton 3.6 still waits for each step's wgmma before the next conversion;
+                    the two programs an SM runs overlap each other's. Each thread holds
+                    BLOCK_R * BLOCK_C / (32 * num_warps) accumulator values.
+    exactness guard Scaled values are exact in BF16 while they stay normal: E4M3 magnitudes lie
+                    in [2^-9, 448 < 2^9], E2M1 in [2^-1, 6], so a scale 2^s with |s| <= SAFE_EXP
+                    = 54 keeps them in [2^-63, 2^63]. The MMA multiplies two such values exactly
+                    into FP32: |products| lie in [2^-126, 2^125.7], FP32 normals, so no product
+                    flushes to zero or overflows where the exact path's would not (108 = 126 - 18
+                    is the binding bound). The check costs no load: the loop carries the running
+                    max |byte - 127| of the [BLOCK, 4] scale bytes it loads anyway (loaded one step
+                    ahead, masked ones read as 127), reduced once after the loop; NaN (255)
+                    fails it. A program that fails discards its BF16 tile and reruns its K range
+                    on the exact path below (twice the time for that program, only for scales
+                    beyond 2^+-54), so every input keeps its exact result.
+    exact path      per 32-K block a fresh FP8 ``tl.dot`` into an FP32 partial (MXFP4 nibbles
+                    unpacked to the E4M3 bytes of the same values); the block's scales split
+                    into halves that are crossed, so 2^(ex+ey-254) is applied as two FP32 factors
+                    within 2^+-127: acc = fma(p * g1, g2, acc). Exact then rounded once wherever
+                    the result is an FP32 normal, also at 2^+-127; byte 255 makes its row or
+                    token NaN. Non-DEQUANT builds run only this path (the first version).
     split-K         K is split so that about two programs run per SM. Each program stores its
                     FP32 tile into a workspace slot, then takes a ticket (acq_rel atomic); the
                     last program of a tile sums the slots in split order (deterministic, no
@@ -32,12 +50,19 @@ Layout plan (grid: weight tiles x K-splits x token tiles, ``num_warps`` 4 or 8):
     epilogue        bias (along C's columns or rows), cast, masked store with any C strides.
     barriers        one CTA barrier before the ticket (every thread's partial is issued).
 """
+import os
+
 import triton
 import triton.language as tl
 
 SCALE_BLOCK = tl.constexpr(32)
 E8M0_NAN = tl.constexpr(255)
 BLOCKS_PER_STEP = tl.constexpr(4)
+# Dequantizing path: every scale of the program's tiles within 2^+-SAFE_EXP (see the header).
+SAFE_EXP = tl.constexpr(54)
+# Triton 3.6's interpreter multiplies BF16 dot operands as their uint16 bit patterns; CPU checks
+# (TRITON_INTERPRET=1, set before this module is imported) feed the dot FP32 copies instead.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -74,6 +99,17 @@ def _e2m1_to_e4m3(code):
 
 
 @triton.jit
+def _e2m1_scaled_bf16(code, bits):
+    """E2M1 codes (int32 0..15) times 2^(bits - 127) -> BF16 bit patterns (int32), for scale bytes
+    within 127 +- SAFE_EXP: the value's exponent is f - 1 for field f (f = 0: 0.5 when m = 1), so
+    the BF16 exponent field is f + bits - 1 (72..183, normal), mantissa m << 6 when f > 0."""
+    f = (code >> 1) & 3
+    m = code & 1
+    mag = ((f + bits - 1) << 7) | tl.where(f == 0, 0, m << 6)
+    return ((code & 8) << 12) | tl.where((code & 7) == 0, 0, mag)
+
+
+@triton.jit
 def _as_fp8(raw, ROWS: tl.constexpr, FP4: tl.constexpr):
     """A loaded K-block (bytes) -> [ROWS, 32] FP8 values."""
     if FP4:
@@ -81,6 +117,101 @@ def _as_fp8(raw, ROWS: tl.constexpr, FP4: tl.constexpr):
         pairs = tl.join(_e2m1_to_e4m3(packed & 15), _e2m1_to_e4m3(packed >> 4))   # (k even, k odd)
         raw = tl.reshape(pairs, [ROWS, SCALE_BLOCK]).to(tl.uint8)
     return raw.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _step_scales(s_ptr, idx, count, kb0, kb_end, k_blocks, stride_r, stride_c, SWIZZLED: tl.constexpr):
+    """[BLOCK, 4] scale bytes (int32) of the K step from block kb0; 127 (2^0) where masked."""
+    kb = kb0 + tl.arange(0, BLOCKS_PER_STEP)
+    live = (idx < count)[:, None] & (kb < kb_end)[None, :]
+    return tl.load(s_ptr + _scale_offsets(idx[:, None], kb[None, :], k_blocks, stride_r, stride_c, SWIZZLED),
+                   mask=live, other=127).to(tl.int32)
+
+
+@triton.jit
+def _scaled_step(q_rows, bits, idx, count, kb0, kb_end, BLOCK: tl.constexpr, FP4: tl.constexpr,
+                 NIBBLE_GATHER: tl.constexpr):
+    """[BLOCK, 128] BF16: the K step's values from K-block kb0 on, each times its block scale
+    (``bits``: _step_scales; exact for scales within 2^+-SAFE_EXP); rows past ``count`` and blocks
+    past kb_end are zero. MXFP4 unpacks a byte's two nibbles with a join, or (NIBBLE_GATHER) loads
+    each byte for both of its elements and shifts: the token operand's joined tile, transposed
+    into the dot, made Triton 3.6's dot-operand pass fail ("Illegal shared layout") at 32 and 64
+    tokens."""
+    BYTES: tl.constexpr = SCALE_BLOCK // 2 if FP4 else SCALE_BLOCK
+    kb = kb0 + tl.arange(0, BLOCKS_PER_STEP)
+    live = (idx < count)[:, None] & (kb < kb_end)[None, :]
+    bits = bits[:, :, None]
+    block_base = q_rows[:, :, None] + (kb * BYTES)[None, :, None]
+    if FP4 and NIBBLE_GATHER:
+        k = tl.arange(0, SCALE_BLOCK)[None, None, :]
+        q = tl.load(block_base + k // 2, mask=live[:, :, None], other=0).to(tl.int32)
+        values = _e2m1_scaled_bf16((q >> ((k % 2) * 4)) & 15, bits).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        q = tl.load(block_base + tl.arange(0, BYTES)[None, None, :], mask=live[:, :, None], other=0)
+        if FP4:
+            code = q.to(tl.int32)
+            pairs = tl.join(_e2m1_scaled_bf16(code & 15, bits), _e2m1_scaled_bf16(code >> 4, bits))
+            values = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            scale = (bits << 23).to(tl.float32, bitcast=True)
+            values = (q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(tl.bfloat16)
+    return tl.reshape(values, [BLOCK, BLOCKS_PER_STEP * SCALE_BLOCK])
+
+
+@triton.jit
+def _dequant_steps(x_rows, y_rows, sx_ptr, sy_ptr, rows, cols, ROWS, COLS, kb_first, kb_end, k_blocks,
+                   stride_sxr, stride_sxc, stride_syr, stride_syc, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                   FP4: tl.constexpr, X_SWIZZLED: tl.constexpr, Y_SWIZZLED: tl.constexpr):
+    """(FP32 tile, whether every live scale byte it used lay within 127 +- SAFE_EXP): when not, the
+    tile may be wrong (a value left BF16's normal range) and the caller discards it."""
+    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    x_worst = tl.zeros([BLOCK_R, BLOCKS_PER_STEP], tl.int32)
+    y_worst = tl.zeros([BLOCK_C, BLOCKS_PER_STEP], tl.int32)
+    # The scale bytes are loaded a step ahead: the pipeliner stages the data through shared memory
+    # but leaves these small loads in place, where each step would wait out their latency.
+    x_bits = _step_scales(sx_ptr, rows, ROWS, kb_first, kb_end, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED)
+    y_bits = _step_scales(sy_ptr, cols, COLS, kb_first, kb_end, k_blocks, stride_syr, stride_syc, Y_SWIZZLED)
+    for kb0 in range(kb_first, kb_end, BLOCKS_PER_STEP):
+        kb_next = kb0 + BLOCKS_PER_STEP
+        x_next = _step_scales(sx_ptr, rows, ROWS, kb_next, kb_end, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED)
+        y_next = _step_scales(sy_ptr, cols, COLS, kb_next, kb_end, k_blocks, stride_syr, stride_syc, Y_SWIZZLED)
+        xb = _scaled_step(x_rows, x_bits, rows, ROWS, kb0, kb_end, BLOCK_R, FP4, False)
+        yb = _scaled_step(y_rows, y_bits, cols, COLS, kb0, kb_end, BLOCK_C, FP4, True)
+        x_worst = tl.maximum(x_worst, tl.abs(x_bits - 127))   # masked bytes read as 127
+        y_worst = tl.maximum(y_worst, tl.abs(y_bits - 127))
+        x_bits, y_bits = x_next, y_next
+        if INTERPRETED:
+            acc = tl.dot(xb.to(tl.float32), tl.trans(yb.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(xb, tl.trans(yb), acc)
+    worst = tl.maximum(tl.max(tl.max(x_worst, axis=1), axis=0), tl.max(tl.max(y_worst, axis=1), axis=0))
+    return acc, worst <= SAFE_EXP
+
+
+@triton.jit
+def _exact_steps(acc, x_rows, y_rows, sx_ptr, sy_ptr, rows, cols, ROWS, COLS, kb_first, kb_end, k_blocks,
+                 stride_sxr, stride_sxc, stride_syr, stride_syc, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                 FP4: tl.constexpr, X_SWIZZLED: tl.constexpr, Y_SWIZZLED: tl.constexpr):
+    BLOCK_BYTES: tl.constexpr = SCALE_BLOCK // 2 if FP4 else SCALE_BLOCK
+    byte = tl.arange(0, BLOCK_BYTES)[None, :]
+    row_in = rows < ROWS
+    col_in = cols < COLS
+    for kb0 in range(kb_first, kb_end, BLOCKS_PER_STEP):
+        for j in tl.static_range(BLOCKS_PER_STEP):
+            kb = kb0 + j
+            live = kb < kb_end
+            xq = tl.load(x_rows + kb * BLOCK_BYTES + byte, mask=row_in[:, None] & live, other=0)
+            yq = tl.load(y_rows + kb * BLOCK_BYTES + byte, mask=col_in[:, None] & live, other=0)
+            # Masked scales read as 2^0: rows past the edge and blocks past the split add zeros.
+            ex = tl.load(sx_ptr + _scale_offsets(rows, kb, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED),
+                         mask=row_in & live, other=127).to(tl.int32)
+            ey = tl.load(sy_ptr + _scale_offsets(cols, kb, k_blocks, stride_syr, stride_syc, Y_SWIZZLED),
+                         mask=col_in & live, other=127).to(tl.int32)
+            partial = tl.dot(_as_fp8(xq, BLOCK_R, FP4), tl.trans(_as_fp8(yq, BLOCK_C, FP4)))
+            x_lo, x_hi = _halves(ex)
+            y_lo, y_hi = _halves(ey)
+            acc = tl.fma(partial * (x_lo[:, None] * y_hi[None, :]), x_hi[:, None] * y_lo[None, :], acc)
+    return acc
 
 
 @triton.jit
@@ -99,45 +230,39 @@ def mx_skinny_kernel(x_ptr, y_ptr, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, tick
                      ROWS, COLS, K, stride_x, stride_y, stride_sxr, stride_sxc, stride_syr, stride_syc,
                      stride_cr, stride_cc, stride_bias, blocks_per_split,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FP4: tl.constexpr,
-                     X_SWIZZLED: tl.constexpr, Y_SWIZZLED: tl.constexpr, BIAS: tl.constexpr):
-    pid_r = tl.program_id(0)
+                     X_SWIZZLED: tl.constexpr, Y_SWIZZLED: tl.constexpr, BIAS: tl.constexpr,
+                     DEQUANT: tl.constexpr):
+    tile = tl.program_id(0)
     split = tl.program_id(1)
-    pid_c = tl.program_id(2)
     num_splits = tl.num_programs(1)
-    BLOCK_BYTES: tl.constexpr = SCALE_BLOCK // 2 if FP4 else SCALE_BLOCK
+    col_tiles = tl.cdiv(COLS, BLOCK_C)
+    pid_r = tile // col_tiles
+    pid_c = tile % col_tiles
     k_blocks = K // SCALE_BLOCK
     kb_first = split * blocks_per_split
     kb_end = tl.minimum(kb_first + blocks_per_split, k_blocks)
 
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    row_in = rows < ROWS
-    col_in = cols < COLS
-    byte = tl.arange(0, BLOCK_BYTES)
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x + byte[None, :]
-    y_rows = y_ptr + cols.to(tl.int64)[:, None] * stride_y + byte[None, :]
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+    y_rows = y_ptr + cols.to(tl.int64)[:, None] * stride_y
 
-    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-    for kb0 in range(kb_first, kb_end, BLOCKS_PER_STEP):
-        for j in tl.static_range(BLOCKS_PER_STEP):
-            kb = kb0 + j
-            live = kb < kb_end
-            xq = tl.load(x_rows + kb * BLOCK_BYTES, mask=row_in[:, None] & live, other=0)
-            yq = tl.load(y_rows + kb * BLOCK_BYTES, mask=col_in[:, None] & live, other=0)
-            # Masked scales read as 2^0: rows past the edge and blocks past the split add zeros.
-            ex = tl.load(sx_ptr + _scale_offsets(rows, kb, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED),
-                         mask=row_in & live, other=127).to(tl.int32)
-            ey = tl.load(sy_ptr + _scale_offsets(cols, kb, k_blocks, stride_syr, stride_syc, Y_SWIZZLED),
-                         mask=col_in & live, other=127).to(tl.int32)
-            partial = tl.dot(_as_fp8(xq, BLOCK_R, FP4), tl.trans(_as_fp8(yq, BLOCK_C, FP4)))
-            x_lo, x_hi = _halves(ex)
-            y_lo, y_hi = _halves(ey)
-            acc = tl.fma(partial * (x_lo[:, None] * y_hi[None, :]), x_hi[:, None] * y_lo[None, :], acc)
+    if DEQUANT:
+        acc, safe = _dequant_steps(x_rows, y_rows, sx_ptr, sy_ptr, rows, cols, ROWS, COLS, kb_first, kb_end,
+                                   k_blocks, stride_sxr, stride_sxc, stride_syr, stride_syc, BLOCK_R, BLOCK_C, FP4,
+                                   X_SWIZZLED, Y_SWIZZLED)
+        if safe == 0:   # a scale out of range: the BF16 tile may be wrong, redo the K range exactly
+            acc = _exact_steps(tl.zeros([BLOCK_R, BLOCK_C], tl.float32), x_rows, y_rows, sx_ptr, sy_ptr, rows,
+                               cols, ROWS, COLS, kb_first, kb_end, k_blocks, stride_sxr, stride_sxc, stride_syr,
+                               stride_syc, BLOCK_R, BLOCK_C, FP4, X_SWIZZLED, Y_SWIZZLED)
+    else:
+        acc = _exact_steps(tl.zeros([BLOCK_R, BLOCK_C], tl.float32), x_rows, y_rows, sx_ptr, sy_ptr, rows, cols,
+                           ROWS, COLS, kb_first, kb_end, k_blocks, stride_sxr, stride_sxc, stride_syr, stride_syc,
+                           BLOCK_R, BLOCK_C, FP4, X_SWIZZLED, Y_SWIZZLED)
 
     if num_splits == 1:
         _finish(acc, c_ptr, bias_ptr, rows, cols, ROWS, COLS, stride_cr, stride_cc, stride_bias, BIAS)
     else:
-        tile = pid_r + pid_c * tl.num_programs(0)
         TILE: tl.constexpr = BLOCK_R * BLOCK_C
         slot = tl.arange(0, BLOCK_R)[:, None] + tl.arange(0, BLOCK_C)[None, :] * BLOCK_R
         tile_ws = ws_ptr + tile.to(tl.int64) * num_splits * TILE

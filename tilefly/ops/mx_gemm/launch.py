@@ -100,9 +100,9 @@ def _key(cfg, *tensors):
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
     """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted.
-    Skinny configs (``configs.SKINNY``, the pick for at most SKINNY_MAX_COLS tokens) run skinny.py."""
+    Skinny configs (``configs.SKINNY_KERNELS``, the pick for at most SKINNY_MAX_COLS tokens) run skinny.py."""
     cfg = cfg or configs.pick(max(p.m, p.n), min(p.m, p.n), p.k, p.fmt)
-    if cfg.kernel == configs.SKINNY:
+    if cfg.kernel in configs.SKINNY_KERNELS:
         from tilefly.ops.mx_gemm import skinny
 
         return skinny.run(p, a, b, scale_a, scale_b, out, bias, cfg)
