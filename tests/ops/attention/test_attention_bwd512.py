@@ -241,11 +241,11 @@ def test_chunked_workspaces(hq, hk, sq, sk, causal, groups_per_chunk):
 @pytest.mark.parametrize("causal", [False, True])
 def test_nan_in_a_query_row(causal):
     """A NaN in q row 40 of one (batch, head): NaN exactly where PyTorch's float64 math backward has
-    it, except for keys the causal mask hides from row 40: there math's softmax spreads the NaN
-    (its masked row is all NaN), while a kernel that masks P gets dV finite and dK NaN only where
-    a zero dS meets the NaN query element in the dS^T Q product, which depends on which score
-    blocks it skips (so are PyTorch's fused kernels); the keys row 40 sees are NaN in full and
-    other heads and batches stay finite."""
+    it, except for keys the causal mask hides from row 40. There math's softmax spreads the NaN
+    into dV (its masked row is all NaN) and its dS^T Q product puts 0 * NaN into column 7 of dK,
+    while a kernel that masks P keeps dV finite and has such NaNs in dK only where it multiplies
+    rather than skips the masked score blocks (as PyTorch's fused kernels do). The keys row 40
+    sees are NaN in full; other heads and batches stay finite."""
     q, k, v = cuda_inputs(2, 2, 2, 64, 64, D)
     q[0, 1, 40, 7] = float("nan")
     out, lse = kernels.forward(q, k, v, causal, None, True)
@@ -255,7 +255,7 @@ def test_nan_in_a_query_row(causal):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(g[1]).all() and torch.isfinite(g[0, 0]).all(), f"{name}: NaN leaked"
         if causal and name in ("dk", "dv"):
-            assert g[0, 1, :41].isnan().all() and w[0, 1].isnan().all(), name
+            assert g[0, 1, :41].isnan().all() and w[0, 1, :41].isnan().all(), name
             if name == "dv":
                 assert torch.isfinite(g[0, 1, 41:]).all()
         else:

@@ -193,3 +193,28 @@ def test_served_inside_a_compiled_graph(fmt, k):
     assert any(d.impl == IMPL for d in decisions), decisions
     _check(out / 2, _reference(a, b, sa, sb, fmt, "32_4_4"), torch.bfloat16)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (4096, 256, 512), (300, 40, 256)])
+def test_a_repeated_call_replays_its_plan_on_new_values(fmt, m, n, k):
+    """The second call with the same tensors replays the cached launch (launch.py, no JIT): new
+    values written into the same operands and a poisoned output must give the new product, split-K
+    partials and tickets included (the 16-token decode shape splits K)."""
+    from tilefly.ops.mx_gemm import launch
+
+    a, b, sa, sb = _quantized(fmt, m, n, k, "none", seed=21)
+    p = eligibility.parse(a, b, sa, sb, False, False)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch.run(p, a, b, sa, sb, out)
+    key = launch._key((None, p, out.device), a, b, sa, sb, out, None)
+    assert isinstance(launch._plans[key], launch._Replay)
+    _check(out, _reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)
+    for seed in (22, 23):
+        a2, b2, sa2, sb2 = _quantized(fmt, m, n, k, "none", seed=seed)
+        for dst, src in ((a, a2), (b, b2), (sa, sa2), (sb, sb2)):
+            dst.view(torch.uint8).copy_(src.view(torch.uint8))
+        out.fill_(float("nan"))
+        launch.run(p, a, b, sa, sb, out)
+        torch.cuda.synchronize()
+        _check(out, _reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)

@@ -52,7 +52,7 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
     ("mxfp8", 4096, 64, "mx2_128x64"), ("mxfp4", 4096, 64, "mx2_64x64"), ("mxfp8", 8192, 8192, "mx2_64x64")])
 def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
     """The fastest config per shape class in the mxfp_gemm suite at 0370dbf (BENCHMARKS.md)."""
-    assert configs.gluon_pick(rows, cols, 4096, fmt).name.startswith(name + "_")
+    assert configs.pick(rows, cols, 4096, fmt).name.startswith(name + "_")
 
 
 def test_v2_smem_counts_the_double_unpack_buffer():

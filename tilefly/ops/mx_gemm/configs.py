@@ -6,9 +6,7 @@ elements, async wgmma with the block-scale promotion overlapped), ``block_m`` ro
 side (the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring slots,
 ``num_warps``, and the most K-splits the launcher may use (it splits K until every SM runs
 ``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses one per problem (rows >= cols after
-the launcher's swap); ``offered`` lists the configs the benchmark races, v1's, v2's and, for at
-most ``SKINNY_MAX_COLS`` tokens, the skinny kernel's (``kernel`` SKINNY or SKINNY_DEQUANT:
-kernels_skinny.py, plain Triton, a loop step is 128 K elements, ``stages`` is Triton's ``num_stages``).
+the launcher's swap; v1 for now); ``offered`` lists the configs the benchmark races, v1's and v2's.
 
 First version, not yet tuned on the H200: the ring holds ~48 KB of operands per program and
 an SM runs up to three programs, well over the ~32 KB in flight an SM needs to stream at HBM
@@ -48,27 +46,6 @@ V2_MAX_STAGES = 8
 V2_REGS_PER_THREAD = 248
 V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
 
-# The skinny kernel (kernels_skinny.py, host side skinny.py; 3 is no kernel). Rule: ``pick`` runs
-# it whenever the small side (the tokens) is at most SKINNY_MAX_COLS: there the GEMM is bound by
-# the weight's bytes, which it streams with about SKINNY_RESIDENT programs an SM. SKINNY builds
-# run only the exact per-32-K-block FP8 path; SKINNY_DEQUANT builds (the pick) convert each
-# 128-K step to scaled BF16 and run one BF16 dot, falling back to the exact path in a program
-# whose scales are out of range (kernels_skinny.py's header).
-SKINNY = 4
-SKINNY_DEQUANT = 5
-SKINNY_KERNELS = (SKINNY, SKINNY_DEQUANT)
-SKINNY_BLOCK_K = 128
-SKINNY_MAX_COLS = 256
-SKINNY_RESIDENT = 2
-SKINNY_STAGES = 4
-# FP32 accumulator values a thread: the 4 partials of a step are in flight together, so at 32
-# (64 x 64 on 4 warps, 128 x 64 on 8) ptxas spilled (sm_90a, triton 3.6).
-SKINNY_ACC_LIMIT = 16
-# Registers a thread ptxas gives the skinny builds (sm_90a, triton 3.6): 122-254 at 8 accumulator
-# values a thread (the swizzled-scale variants highest), 241-255 at 16; taken as 255 to count the
-# programs an SM holds: two of 4 warps, one of 8.
-SKINNY_REGS_PER_THREAD = 255
-
 
 @dataclass(frozen=True)
 class MXConfig:
@@ -81,13 +58,13 @@ class MXConfig:
 
     @property
     def name(self) -> str:
-        prefix = {1: "mx", SKINNY: "mxs_", SKINNY_DEQUANT: "mxd_"}.get(self.kernel, f"mx{self.kernel}_")
+        prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
         return f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
 
     @property
     def block_k(self) -> int:
         """K elements one ring slot holds."""
-        return {1: SCALE_BLOCK, SKINNY: SKINNY_BLOCK_K, SKINNY_DEQUANT: SKINNY_BLOCK_K}.get(self.kernel, V2_BLOCK_K)
+        return SCALE_BLOCK if self.kernel == 1 else V2_BLOCK_K
 
     def row_bytes(self, fmt: str) -> int:
         """Bytes one operand row brings per slot (the TMA box width)."""
@@ -97,19 +74,6 @@ class MXConfig:
         return (self.block_m + self.block_n) * self.row_bytes(fmt)
 
     def smem_bytes(self, fmt: str) -> int:
-        if self.kernel == SKINNY:  # the pipeliner's stages, plus the unpacked FP8 operands of a dot
-            unpacked = (self.block_m + self.block_n) * SCALE_BLOCK if fmt == "mxfp4" else 0
-            return self.stages * self.item_bytes(fmt) + unpacked + SMEM_RESERVE
-        if self.kernel == SKINNY_DEQUANT:
-            # As Triton 3.6 builds it (sm_90a, matches compiled.metadata.shared): stages - 1
-            # staged copies and the tokens' BF16 tile; MXFP8 weight rows reach the wgmma from
-            # registers, MXFP4 ones through a BF16 tile in shared memory; MXFP4 token bytes
-            # (gathered per nibble) are not staged.
-            if fmt == "mxfp8":
-                staged, bf16_rows = self.block_m + self.block_n, self.block_n
-            else:
-                staged, bf16_rows = self.block_m, self.block_m + self.block_n
-            return (self.stages - 1) * staged * self.row_bytes(fmt) + bf16_rows * self.block_k * 2 + SMEM_RESERVE
         buffers = 1 if self.kernel == 1 else 2
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
         return self.stages * self.item_bytes(fmt) + unpacked + SMEM_RESERVE
@@ -120,8 +84,6 @@ class MXConfig:
 
 
 def static_reason(cfg: MXConfig, fmt: str) -> str | None:
-    if cfg.kernel in SKINNY_KERNELS:
-        return _skinny_reason(cfg, fmt)
     if cfg.kernel not in (1, 2):
         return "kernel must be 1 or 2"
     if cfg.block_m not in (64, 128):
@@ -143,29 +105,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
     return None
 
 
-def _skinny_reason(cfg: MXConfig, fmt: str) -> str | None:
-    if cfg.block_m not in (64, 128):
-        return "block_m must be 64 or 128 (weight rows: the wgmma M side)"
-    if cfg.block_n not in (16, 32, 64):
-        return "block_n must be 16, 32 or 64 (tokens; tl.dot wants at least 16)"
-    if cfg.num_warps not in (4, 8):
-        return "num_warps must be 4 or 8"
-    if cfg.acc_values() > SKINNY_ACC_LIMIT:
-        return "accumulator and the step's partials would not fit in registers"
-    if not 2 <= cfg.stages <= 6:
-        return "stages must be 2..6"
-    if cfg.smem_bytes(fmt) > SMEM_LIMIT:
-        return f"needs {cfg.smem_bytes(fmt)} bytes of shared memory"
-    if not 1 <= cfg.max_splits <= 32:
-        return "max_splits must be 1..32"
-    return None
-
-
 def resident(cfg: MXConfig, fmt: str) -> int:
     """Programs of ``cfg`` one SM runs at once, as shared memory and registers allow."""
-    if cfg.kernel in SKINNY_KERNELS:
-        by_regs = REGS_PER_SM // (32 * cfg.num_warps * SKINNY_REGS_PER_THREAD)
-        return max(1, min(SKINNY_RESIDENT, SMEM_PER_SM // cfg.smem_bytes(fmt), by_regs))
     regs = REGS_PER_THREAD
     if cfg.kernel == 2:
         regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
@@ -198,27 +139,6 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     return out
 
 
-def skinny_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """The skinny builds for at most SKINNY_MAX_COLS tokens (tl.dot's N: 16..64; more tokens take
-    several tiles): two dequantizing builds (the first is the pick), then two of the exact-only
-    first version (raced until the sweep shows they win nowhere). Each pair on the fewest warps
-    that keep SKINNY_ACC_LIMIT values a thread (a DEQUANT build also compiles the exact path, so
-    the same limit): 64 weight rows (twice the row tiles of 128, so fewer K-splits), then 128
-    rows, else (64 tokens: 128 x 64 would spill) 64 rows by half the token slot."""
-    block_n = max(16, small_slot(cols))
-    out = []
-    for kernel in (SKINNY_DEQUANT, SKINNY):
-        builds = []
-        for block_m, tokens in ((64, block_n), (128, block_n), (64, block_n // 2)):
-            for num_warps in (4, 8):
-                cfg = MXConfig(block_m, tokens, SKINNY_STAGES, num_warps, kernel=kernel)
-                if static_reason(cfg, fmt) is None:
-                    builds.append(cfg)
-                    break
-        out += builds[:2]
-    return out
-
-
 def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     """The first version's config for a rows x cols x k problem (rows >= cols): 128 rows."""
     block_n = small_slot(cols)
@@ -226,22 +146,11 @@ def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     return MXConfig(128, block_n, _stages(128, block_n, fmt), num_warps)
 
 
-@functools.lru_cache(maxsize=4096)   # launch.run asks on every call
 def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
-    """The config the eager path runs (rows >= cols): up to SKINNY_MAX_COLS tokens the skinny
-    kernel's first dequantizing build (issue #6's decode shapes: one BF16 dot per 128 K instead of
-    four FP8 dots and four FP32 promotions of the tile, which measured 3-20x slower than BF16
-    mm at 508bcbb; not yet measured on the H200), else ``gluon_pick``."""
-    if cols <= SKINNY_MAX_COLS:
-        return skinny_configs(rows, cols, k, fmt)[0]
-    return gluon_pick(rows, cols, k, fmt)
-
-
-def gluon_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
-    """The fastest Gluon config of ``offered`` per shape class in the H200 mxfp_gemm suite at
-    0370dbf (BENCHMARKS.md). v1 won only on 4096-row weights with <= 32 tokens (more programs over
-    few row tiles); v2 everywhere else: 128 rows for <= 32 tokens, 128 rows on two warpgroups for
-    MXFP8 at 33-64, 64 rows above."""
+    """The config the eager path runs (rows >= cols): the fastest of ``offered`` per shape class in
+    the H200 mxfp_gemm suite at 0370dbf (BENCHMARKS.md). v1 won only on 4096-row weights with
+    <= 32 tokens (more programs over few row tiles); v2 everywhere else: 128 rows for <= 32 tokens,
+    128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above."""
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
     if cols <= 32 and rows < 8192:
         v1 = v1_pick(rows, cols, k, fmt)
@@ -255,12 +164,10 @@ def gluon_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
-    the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``), then for at
-    most SKINNY_MAX_COLS tokens the skinny builds (``skinny_configs``)."""
+    the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
-    skinny = skinny_configs(rows, cols, k, fmt) if cols <= SKINNY_MAX_COLS else []
-    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *skinny) if static_reason(c, fmt) is None]
+    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt)) if static_reason(c, fmt) is None]
 
 
 # ---- compile specs: every shipped config, compiled for sm_90a in CI ---------------------------
@@ -293,11 +200,7 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
 
 
 def kernel_of(cfg: MXConfig):
-    """The kernel that runs ``cfg`` (imports the kernel module; plain Triton for the skinny ones)."""
-    if cfg.kernel in SKINNY_KERNELS:
-        from tilefly.ops.mx_gemm import kernels_skinny
-
-        return kernels_skinny.mx_skinny_kernel
+    """The Gluon kernel that runs ``cfg`` (imports the kernel module)."""
     if cfg.kernel == 2:
         from tilefly.ops.mx_gemm import kernels_v2
 
@@ -337,8 +240,7 @@ def compile_specs():
     on one config per format and kernel, and v2's byte-wise scale loads."""
     from tilefly.compile_check import KernelSpec
 
-    variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()
-                if cfg.kernel not in SKINNY_KERNELS]
+    variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
     for fmt in FORMATS:
         cfg = v1_pick(4096, 16, 4096, fmt)
         variants.append((fmt, cfg, True, True, 1, "fp16", False, True))
@@ -353,9 +255,7 @@ def compile_specs():
             name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
             kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
             num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
-    from tilefly.ops.mx_gemm import skinny
-
-    return specs + requant_specs() + skinny.compile_specs()
+    return specs + requant_specs()
 
 
 def requant_specs():

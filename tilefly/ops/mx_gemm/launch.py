@@ -19,11 +19,13 @@ v2 configs (``cfg.kernel == 2``, kernels_v2) take 128-K-element boxes and split 
 their scales are read as one 32-bit word per row and slot when the layout allows it
 (``_scale_words``), byte by byte otherwise.
 
-Skinny configs (at most ``configs.SKINNY_MAX_COLS`` tokens) are handed to skinny.py (plain Triton).
-
 Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
-descriptors and argument list; later calls reuse them (descriptors hold bare addresses, not
-tensors) and go straight to Triton's JIT launch.
+descriptors and argument list and launches through Triton's JIT; later calls replay the compiled
+kernel from that plan (tilefly._triton_launch.CachedLaunch: descriptors over bare addresses, the
+split-K buffers looked up per stream), as the dense GEMM does. Through the JIT, binding and
+specializing the descriptor arguments cost 55-95 us of host time a call on the H200 host, more
+than the kernel itself on the decode shapes (measured at cfd3494, BENCHMARKS.md).
+CUDA graph capture and Triton launch hooks keep the JIT path.
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ import functools
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tilefly import _device
+from tilefly import _device, _triton_launch
 from tilefly.ops.gemm.configs import choose_splits
-from tilefly._triton_launch import Address
+from tilefly._triton_launch import Address, CachedLaunch
 from tilefly.ops.gemm.launch import _capturing, _placeholders, _splitk_buffers
 from tilefly.ops.mx_gemm import configs
 from tilefly.ops.mx_gemm.configs import MXConfig
@@ -79,18 +81,47 @@ def _scale_words(scale: torch.Tensor, swizzled: bool, k_blocks: int) -> bool:
 
 
 class _Plan:
+    """What one call signature launches: the JIT launch (first call, capture, launch hooks)."""
+
     __slots__ = ("cfg", "kernel", "grid", "args", "constexprs", "workspace", "device")
 
-    def __call__(self, capturing: bool) -> None:
+    def with_buffers(self, capturing: bool) -> list:
         args = list(self.args)
         if self.workspace is None:
             args[6:8] = _placeholders(self.device)
         else:
             args[6:8] = _splitk_buffers(self.device, *self.workspace, capturing)
-        self.kernel[self.grid](*args, **self.constexprs)
+        return args
+
+    def __call__(self, capturing: bool):
+        """Launch through the JIT (compiling on first use); returns the compiled kernel."""
+        return self.kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
 
 
-_plans: dict[tuple, _Plan] = {}
+class _Replay(CachedLaunch):
+    """A plan's compiled kernel replayed with its cached arguments; the split-K partials and
+    tickets are looked up per call (one pair per stream)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, compiled, plan: _Plan):
+        super().__init__(compiled, plan.kernel.arg_names, plan.with_buffers(False), plan.constexprs, plan.grid,
+                         plan.device.index)
+        self.plan = plan
+
+    def __call__(self, capturing: bool) -> None:
+        if capturing or _triton_launch.hooks_active():
+            self.plan(capturing)
+            return
+        if self.plan.workspace is None:
+            return super().__call__()
+        args = list(self.args)
+        stream = _triton_launch.current_stream(self.index)
+        args[6:8] = [t.data_ptr() for t in _splitk_buffers(self.plan.device, *self.plan.workspace, False, stream)]
+        return super().__call__(args, stream)
+
+
+_plans: dict[tuple, _Plan | _Replay] = {}
 
 
 def _key(cfg, *tensors):
@@ -99,22 +130,25 @@ def _key(cfg, *tensors):
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
-    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted.
-    Skinny configs (``configs.SKINNY_KERNELS``, the pick for at most SKINNY_MAX_COLS tokens) run skinny.py."""
-    cfg = cfg or configs.pick(max(p.m, p.n), min(p.m, p.n), p.k, p.fmt)
-    if cfg.kernel in configs.SKINNY_KERNELS:
-        from tilefly.ops.mx_gemm import skinny
-
-        return skinny.run(p, a, b, scale_a, scale_b, out, bias, cfg)
+    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
     key = _key((cfg, p, out.device), a, b, scale_a, scale_b, out, bias)
     plan = _plans.get(key)
-    if plan is None:
-        plan = _prepare(p, a, b, scale_a, scale_b, out, bias, cfg)
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
-        _plans[key] = plan
-    plan(_capturing())
+    capturing = _capturing()
+    if plan is not None:
+        plan(capturing)
+        return out
+    plan = _prepare(p, a, b, scale_a, scale_b, out, bias, cfg)
+    compiled = plan(capturing)
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[key] = _Replay(compiled, plan) if _replayable(compiled, capturing) else plan
     return out
+
+
+def _replayable(compiled, capturing: bool) -> bool:
+    """A compiled kernel (not the interpreter's launch) launched outside capture: its arguments can
+    be replayed (under capture the split-K buffers belong to the graph)."""
+    return not capturing and hasattr(compiled, "packed_metadata")
 
 
 def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
@@ -129,7 +163,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
         x, y, sx, sy, swz_x, swz_y, c = y, x, sy, sx, swz_y, swz_x, out.t()
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
-    cfg = cfg or configs.gluon_pick(rows, cols, p.k, p.fmt)
+    cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
     item = cfg.row_bytes(p.fmt)
     x_desc = _descriptor(x, cfg.block_m, fp4, item)
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
