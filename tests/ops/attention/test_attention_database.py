@@ -161,7 +161,13 @@ def test_route_reason_overrides_only_ops_the_database_serves_otherwise(grid, mon
     config.attention_db = write_db(config.attention_db + ".small.json",
                                    [db_entry("bwd", sq_bin=1024, sk_bin=1024, serve={"cudnn": ["flash"]})])
     database.reload()
-    assert 90.0 < database.HOST_COST_US["bwd"] and "best: 90 us" in database.route_reason("cudnn", "bwd")
+    assert 90.0 < database.HOST_COST_US["bwd"] and "best: 90 us, 90%" in database.route_reason("cudnn", "bwd")
+    # Nor does a large saving that is a small share of the op's time (10 us per call is not worth the tax).
+    entry = db_entry("fwd", sq_bin=1024, sk_bin=1024, serve={"cudnn": ["flash"]})
+    entry["serve"]["cudnn"] = [["flash", 900.0], ["cudnn", 1000.0]]
+    config.attention_db = write_db(config.attention_db + ".share.json", [entry])
+    database.reload()
+    assert "best: 100 us, 10%" in database.route_reason("cudnn", "fwd")
     config.attention_db = "/nonexistent/attention.json"
     database.reload()
     assert database.route_reason("cudnn", "fwd") == "no usable tuning database"

@@ -205,15 +205,20 @@ def _index(path: str) -> dict[tuple, _Group] | None:
 # Host time a Python override adds to each call of a backend op, whatever it decides (H200, torch
 # 2.11, scripts/attention_host_probe.py: a bare pass-through kernel on the cuDNN ops cost +40 us a
 # forward and +250 us a forward+backward). An op is routed only where the database shows a saving
-# at least this large, so the override pays for itself at least there.
+# at least this large and at least ROUTE_MIN_GAIN of the op's own time: the override taxes every
+# call of the op, and on small host-bound calls it costs more than the kernel (attention suite at
+# cfd3494, B8 H8 S1024 D32 forward+backward: 272 us against 160 us with only the cuDNN forward
+# routed, for a database whose best cuDNN-forward saving was 12 %).
 HOST_COST_US = {"fwd": 40.0, "bwd": 210.0}
+ROUTE_MIN_GAIN = 0.2
 
 
 def route_reason(served_as: str, direction: str) -> str | None:
     """Why backend op (``served_as``, ``direction``) is better left without tilefly's override on
     the current CUDA device (None: override it). Under ``config.attention_routes == "auto"`` an op
     is overridden only when the database serves it with another implementation that saves at
-    least HOST_COST_US somewhere: an override is a Python kernel, paid on every call of the op."""
+    least HOST_COST_US and ROUTE_MIN_GAIN somewhere: an override is a Python kernel, paid on every
+    call of the op."""
     if config.attention_routes == "all":
         return None
     from tilefly import _device
@@ -226,17 +231,18 @@ def route_reason(served_as: str, direction: str) -> str | None:
     index = _index(path)
     if index is None:
         return "no usable tuning database"
-    best = 0.0
+    best_us, best_gain = 0.0, 0.0
     for group in index.values():
         for cell in group.cells.values():
             ranking = cell["serve"].get(served_as, ())
             if cell["direction"] == direction and len(ranking) > 1:
-                best = max(best, ranking[-1][1] - ranking[0][1])
-    if best >= HOST_COST_US[direction]:
-        return None
+                saving = ranking[-1][1] - ranking[0][1]
+                if saving >= HOST_COST_US[direction] and saving >= ROUTE_MIN_GAIN * ranking[-1][1]:
+                    return None
+                best_us, best_gain = max(best_us, saving), max(best_gain, saving / ranking[-1][1])
     return (f"the tuning database never serves {served_as} {direction} with another implementation that saves "
-            f"{HOST_COST_US[direction]:.0f} us, an override's host cost (best: {best:.0f} us; "
-            "TILEFLY_ATTENTION_ROUTES=all overrides it anyway)")
+            f"{HOST_COST_US[direction]:.0f} us and {ROUTE_MIN_GAIN:.0%} of its time, what an override costs on "
+            f"every call (best: {best_us:.0f} us, {best_gain:.0%}; TILEFLY_ATTENTION_ROUTES=all overrides it anyway)")
 
 
 def reload() -> None:
