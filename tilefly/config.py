@@ -85,7 +85,7 @@ OPTIONS: tuple[Option, ...] = (
            "database serves with another implementation somewhere (an override costs host time on every "
            "call, served or not), 'all' every fused backend op."),
     Option("mx_requantize", "TILEFLY_MX_REQUANTIZE", _bool, False,
-           "MX GEMMs of at least 512 x 512 with BF16 output: requantize both operands to one E4M3 scale "
+           "MX GEMMs of at least 4096 x 4096 with BF16 output: requantize both operands to one E4M3 scale "
            "per row and run PyTorch's row-scaled FP8 GEMM. Not exact: a block far below its row's largest "
            "scale loses low bits (scripts/mx_requant_error.py)."),
 )

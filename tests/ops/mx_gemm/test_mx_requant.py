@@ -18,7 +18,8 @@ def test_interpreter_checks_pass():
 
 @pytest.mark.parametrize("m, n, k, dtype, served", [
     (4096, 4096, 4096, torch.bfloat16, True),
-    (512, 14336, 4096, torch.bfloat16, True),
+    (4096, 14336, 4096, torch.bfloat16, True),
+    (2048, 4096, 4096, torch.bfloat16, False),      # smaller: the extra passes do not pay (requant.MIN_SIDE)
     (256, 4096, 4096, torch.bfloat16, False),       # weight-bound: the exact kernels
     (4096, 4096, 4096, torch.float16, False),       # the row-scaled FP8 GEMM writes BF16
     (4096, 4112, 4096, torch.bfloat16, True),
@@ -36,6 +37,7 @@ def test_the_eager_op_takes_the_requantizing_path_when_it_serves(monkeypatch):
     taken = []
     monkeypatch.setattr(requant, "run", lambda p, *args: taken.append(("requant", p.m)) or args[4])
     monkeypatch.setattr(launch, "run", lambda p, *args: taken.append(("kernel", p.m)) or args[4])
+    monkeypatch.setattr(requant, "MIN_SIDE", 512)    # CPU-sized operands
     for m, on in ((1024, True), (1024, False), (64, True)):
         monkeypatch.setattr(config, "mx_requantize", on)
         a, sa = mx.quantize(torch.randn(m, 512), "mxfp8")
@@ -62,6 +64,7 @@ def test_scaled_mm_through_requantization_matches_float64(monkeypatch, fmt, swiz
     from tilefly import _dispatch
 
     monkeypatch.setattr(config, "mx_requantize", True)
+    monkeypatch.setattr(requant, "MIN_SIDE", 512)    # small shapes, so the float64 reference stays cheap
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     for _ in range(2):  # the second call of a shape launches the cached requantization kernels
         a, sa = mx.quantize(torch.randn(m, k, device="cuda", generator=g), fmt, swizzle=swizzle)

@@ -20,7 +20,10 @@ from tilefly import config
 from tilefly.mx.layout import from_blocked
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
-MIN_SIDE = 512      # M and N at least this: smaller GEMMs are weight-bound, where the exact kernels win
+# M and N at least this. H200 (scripts/mx_requant_probe.py at cfd3494, BENCHMARKS.md): served in 139 us
+# against 178 us for BF16 mm at 4096^3 MXFP8, but 108 against 90 us at 2048 x 4096 x 4096 and 116
+# against 27 us at 512 x 4096 x 4096, where the two extra launches and passes do not pay.
+MIN_SIDE = 4096
 ALIGN = 16          # the FP8 GEMM wants M, N and K in multiples of 16
 CHUNK = 2048        # elements a requantization program moves per step: 16 bytes a thread (FP8)
 SCALE_BLOCK = 32
