@@ -23,7 +23,7 @@ Cache: the first call for a (config, addresses, shapes, strides, dtypes) signatu
 descriptors and argument list and launches through Triton's JIT; later calls replay the compiled
 kernel from that plan (tilefly._triton_launch.CachedLaunch: descriptors over bare addresses, the
 split-K buffers looked up per stream), as the dense GEMM does. Through the JIT, binding and
-specializing the descriptor arguments cost 55-95 us of host time a call on the H200 host, more
+specializing the descriptor arguments cost 48-97 us of host time a call on the H200 host, more
 than the kernel itself on the decode shapes (measured at cfd3494, BENCHMARKS.md).
 CUDA graph capture and Triton launch hooks keep the JIT path.
 """
