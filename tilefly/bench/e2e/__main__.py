@@ -42,8 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eager-prefill", action="store_true",
                    help="compile only the decode step (halves compile and autotuning time)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--b-ops", nargs="+", default=["gemm"], metavar="FAMILY",
-                   help="tilefly families enabled on side B (default: gemm; add the MX GEMM family once it exists)")
+    p.add_argument("--b-ops", nargs="+", metavar="FAMILY",
+                   help="tilefly families enabled on side B (default: those tilefly.enable() installs)")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--merge", nargs="+", metavar="FILE.json", help="merge run files into --out/e2e.*")
     p.add_argument("--no-plot", action="store_true")
@@ -79,13 +79,15 @@ def run(args: argparse.Namespace) -> int:
     from tilefly.bench.e2e import report
     from tilefly.bench.e2e.ab import SIDE_A, SIDE_B, run_ab
 
+    side_b = dataclasses.replace(SIDE_B, tilefly_ops=tuple(args.b_ops)) if args.b_ops else SIDE_B
+
     env = environment(args.device, args.commit)
     record = run_ab(args.model, args.precision, args.concurrency, input_len=args.input_len,
                     output_len=args.output_len, device=args.device,
                     compile_mode=None if args.eager else "max-autotune", runs=args.runs,
                     compare_steps=args.compare_steps, tol=args.tol, seed=args.seed,
                     compile_prefill=not args.eager_prefill,
-                    sides=(SIDE_A, dataclasses.replace(SIDE_B, tilefly_ops=tuple(args.b_ops))))
+                    sides=(SIDE_A, side_b))
     record.update(env)
     os.makedirs(args.out, exist_ok=True)
     name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"

@@ -3,7 +3,8 @@ process, the weights, the prompts and (per concurrency) the KV cache.
 
 - A: Inductor GEMM backends ``ATEN,TRITON``, tilefly disabled; MX layers on the stock Hopper
   path (``MXLinear.backend = "dequant"``: dequantize to BF16, then ``torch.mm``).
-- B: ``ATEN,TRITON,TILEFLY`` with ``tilefly.enable(["gemm"])``; MX layers call ``F.scaled_mm``.
+- B: ``ATEN,TRITON,TILEFLY`` with ``tilefly.enable()`` (every default family: the GEMM candidates,
+  and in eager fallbacks of the graph attention and MX GEMMs); MX layers call ``F.scaled_mm``.
 
 Per concurrency and side: reset Dynamo, compile and autotune on a short untimed run (its wall
 time is ``compile_s``; it also captures the first steps' logits), then ``runs`` timed
@@ -22,6 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
+from tilefly import ops
 from tilefly.bench.e2e import engine, models, picks
 from tilefly.bench.runner import short
 
@@ -37,7 +39,7 @@ class Side:
 
 
 SIDE_A = Side("A", "ATEN,TRITON", (), "dequant")
-SIDE_B = Side("B", "ATEN,TRITON,TILEFLY", ("gemm",), "scaled_mm")
+SIDE_B = Side("B", "ATEN,TRITON,TILEFLY", ops.defaults(), "scaled_mm")
 
 
 @contextlib.contextmanager
