@@ -82,8 +82,9 @@ OPTIONS: tuple[Option, ...] = (
            "Path of an attention tuning database to use instead of the shipped one."),
     Option("attention_routes", "TILEFLY_ATTENTION_ROUTES", _choice("auto", "all"), "auto",
            "SDPA backend ops the attention family overrides when enabled: 'auto' only those the tuning "
-           "database serves with another implementation somewhere (an override costs host time on every "
-           "call, served or not), 'all' every fused backend op."),
+           "database serves with another implementation that saves an override's host cost and 20% of the "
+           "op's time somewhere (an override costs host time on every call, served or not), 'all' every "
+           "fused backend op."),
     Option("mx_requantize", "TILEFLY_MX_REQUANTIZE", _bool, False,
            "MX GEMMs of at least 4096 x 4096 with BF16 output: requantize both operands to one E4M3 scale "
            "per row and run PyTorch's row-scaled FP8 GEMM. Not exact: a block far below its row's largest "
