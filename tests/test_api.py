@@ -60,18 +60,15 @@ def test_import_does_not_import_triton_kernels():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_enable_without_ops_installs_the_default_families_only():
+def test_enable_without_ops_installs_the_default_families_only(monkeypatch):
     from tilefly import ops
 
     tilefly.disable()
-    ops.FAMILIES["topk"] = replace(ops.FAMILIES["topk"], default=False)
-    try:
-        enabled = tilefly.enable()
-        assert set(enabled) == set(ops.defaults()) and "topk" not in enabled
-        tilefly.enable(["topk"])
-        assert "topk" in tilefly.enabled_ops()
-    finally:
-        ops.FAMILIES["topk"] = replace(ops.FAMILIES["topk"], default=True)
+    monkeypatch.setitem(ops.FAMILIES, "topk", replace(ops.FAMILIES["topk"], default=False))
+    enabled = tilefly.enable()
+    assert set(enabled) == set(ops.defaults()) and "topk" not in enabled
+    tilefly.enable(["topk"])
+    assert "topk" in tilefly.enabled_ops()
 
 
 @pytest.mark.parametrize("bad", [3, [1, 2]])
