@@ -146,6 +146,7 @@ def test_nan_scales_poison_their_row_and_column(fmt, swizzle):
 @pytest.mark.parametrize("m, n", [(1, 4096), (300, 200), (4096, 8)])
 def test_every_output_element_is_written(fmt, m, n):
     """launch.run into a NaN-poisoned output, row-major and column-major."""
+    from tilefly._triton_launch import CachedLaunch
     from tilefly.ops.mx_gemm import launch
 
     a, b, sa, sb = _quantized(fmt, m, n, 1024, "none", seed=17)
@@ -198,9 +199,10 @@ def test_served_inside_a_compiled_graph(fmt, k):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (4096, 256, 512), (300, 40, 256)])
 def test_a_repeated_call_replays_its_plan_on_new_values(fmt, m, n, k):
-    """The second call with the same tensors replays the cached launch (launch.py, no JIT): new
-    values written into the same operands and a poisoned output must give the new product, split-K
-    partials and tickets included (the 16-token decode shape splits K)."""
+    """The second call with the same tensors replays the cached launch (the dense GEMM's run_cached,
+    no JIT): new values written into the same operands and a poisoned output must give the new
+    product, split-K partials and tickets included (the 16-token decode shape splits K)."""
+    from tilefly._triton_launch import CachedLaunch
     from tilefly.ops.mx_gemm import launch
 
     a, b, sa, sb = _quantized(fmt, m, n, k, "none", seed=21)
@@ -208,7 +210,7 @@ def test_a_repeated_call_replays_its_plan_on_new_values(fmt, m, n, k):
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch.run(p, a, b, sa, sb, out)
     key = launch._key((None, p, out.device), a, b, sa, sb, out, None)
-    assert isinstance(launch._plans[key], launch._Replay)
+    assert isinstance(launch._plans[key], CachedLaunch)
     _check(out, _reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)
     for seed in (22, 23):
         a2, b2, sa2, sb2 = _quantized(fmt, m, n, k, "none", seed=seed)

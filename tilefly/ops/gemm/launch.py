@@ -120,18 +120,25 @@ def run(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     key = (cfg, a.device, a.dtype, a.data_ptr(), a.shape, a.stride(), b.dtype, b.data_ptr(), b.shape, b.stride(),
            out.dtype, out.data_ptr(), out.shape, out.stride(),
            None if bias is None else (bias.dtype, bias.data_ptr(), bias.shape, bias.stride()))
-    plan = _plans.get(key)
+    run_cached(_plans, key, lambda: prepare(cfg, a, b, out, bias))
+    return out
+
+
+def run_cached(plans: dict, key: tuple, prepare_launch) -> None:
+    """Replay ``plans[key]``, or build the Launch (``prepare_launch()``), launch it through the JIT
+    and keep its plan; under CUDA graph capture always the JIT (the split-K buffers of a capture
+    belong to its graph). The dense and the MX GEMMs launch through this."""
+    plan = plans.get(key)
     if plan is not None and not _capturing():
         plan()
-        return out
-    launch = prepare(cfg, a, b, out, bias)
+        return
+    launch = prepare_launch()
     capturing = _capturing()
     compiled = launch.first(capturing)
     if not capturing:
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
-        _plans[key] = _Plan(compiled, launch)
-    return out
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[key] = _Plan(compiled, launch)
 
 
 def prepare(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
@@ -166,9 +173,9 @@ def _prepare_tile(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
     a_desc, b_desc, a_kmajor, b_kmajor = _operand_descriptors(cfg, a, b)
     c_desc = _descriptor(out, [cfg.block_m, cfg.block_n])
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
-    return Launch(cfg, (min(_device.sm_count(out), tiles), 1, 1),
-                  [a_desc, b_desc, c_desc, bias_arg, m, n, k, stride_bias],
-                  dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, GROUP_M=cfg.group_m), out.device)
+    return _gemm_launch(cfg, (min(_device.sm_count(out), tiles), 1, 1),
+                        [a_desc, b_desc, c_desc, bias_arg, m, n, k, stride_bias],
+                        dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, GROUP_M=cfg.group_m), out.device)
 
 
 def _prepare_splitk(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
@@ -184,21 +191,27 @@ def _prepare_splitk(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
     splits = _cdiv(k_iters, per_split)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     rows_contiguous = out.stride(0) == 1 and out.stride(1) != 1
-    return Launch(cfg, (tiles, splits, 1),
-                  [a_desc, b_desc, out, bias_arg, None, None, m, n, k, out.stride(0), out.stride(1), stride_bias,
-                   per_split],
-                  dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, C_ROWS_CONTIGUOUS=rows_contiguous),
-                  out.device, workspace=workspace, workspace_at=4)
+    return _gemm_launch(cfg, (tiles, splits, 1),
+                        [a_desc, b_desc, out, bias_arg, None, None, m, n, k, out.stride(0), out.stride(1),
+                         stride_bias, per_split],
+                        dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, C_ROWS_CONTIGUOUS=rows_contiguous),
+                        out.device, workspace=workspace, workspace_at=4)
+
+
+def _gemm_launch(cfg: GemmConfig, grid, args, flags, device, workspace=None, workspace_at=None) -> "Launch":
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+                      num_warps=cfg.num_warps, **flags)
+    return Launch(cfg, kernel_of(cfg), grid, args, constexprs, device, workspace, workspace_at)
 
 
 class Launch:
-    """One decided kernel launch: grid, runtime arguments (the split-K workspace and
-    tickets slots left empty until launch time) and compile-time flags."""
+    """One decided kernel launch: the config and kernel, grid, runtime arguments (the split-K
+    workspace and tickets slots, at ``workspace_at``, left empty until launch time) and
+    compile-time values."""
 
-    def __init__(self, cfg, grid, args, flags, device, workspace=None, workspace_at=None):
-        self.cfg, self.grid, self.args, self.device = cfg, grid, args, device
-        self.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
-                               num_warps=cfg.num_warps, **flags)
+    def __init__(self, cfg, kernel, grid, args, constexprs, device, workspace=None, workspace_at=None):
+        self.cfg, self.kernel, self.grid, self.args, self.constexprs = cfg, kernel, grid, args, constexprs
+        self.device = device
         self.workspace, self.workspace_at = workspace, workspace_at
 
     def with_buffers(self, capturing: bool) -> list:
@@ -214,8 +227,7 @@ class Launch:
 
     def first(self, capturing: bool):
         """Launch through the JIT (compiling on first use); returns the compiled kernel."""
-        kernel = kernel_of(self.cfg)
-        return kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
+        return self.kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
 
 
 class _Plan(CachedLaunch):
@@ -225,8 +237,8 @@ class _Plan(CachedLaunch):
     __slots__ = ("device", "workspace", "workspace_at")
 
     def __init__(self, compiled, launch: Launch):
-        super().__init__(compiled, kernel_of(launch.cfg).arg_names, launch.args, launch.constexprs, launch.grid,
-                         launch.device.index)
+        super().__init__(compiled, launch.kernel.arg_names, launch.with_buffers(False), launch.constexprs,
+                         launch.grid, launch.device.index)
         self.device = launch.device
         self.workspace, self.workspace_at = launch.workspace, launch.workspace_at
 

@@ -20,12 +20,12 @@ their scales are read as one 32-bit word per row and slot when the layout allows
 (``_scale_words``), byte by byte otherwise.
 
 Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
-descriptors and argument list and launches through Triton's JIT; later calls replay the compiled
-kernel from that plan (tilefly._triton_launch.CachedLaunch: descriptors over bare addresses, the
-split-K buffers looked up per stream), as the dense GEMM does. Through the JIT, binding and
-specializing the descriptor arguments cost 48-97 us of host time a call on the H200 host, more
-than the kernel itself on the decode shapes (measured at cfd3494, BENCHMARKS.md).
-CUDA graph capture and Triton launch hooks keep the JIT path.
+descriptors and argument list (a dense-GEMM ``Launch``) and launches through Triton's JIT; later
+calls replay the compiled kernel from that plan through the dense GEMM's ``run_cached``
+(descriptors over bare addresses, the split-K buffers looked up per stream; CUDA graph capture
+keeps the JIT). Through the JIT, binding and specializing the descriptor arguments cost 48-97 us
+of host time a call on the H200 host, more than the kernel itself on the decode shapes (measured
+at cfd3494, BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ import functools
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tilefly import _device, _triton_launch
+from tilefly import _device
 from tilefly.ops.gemm.configs import choose_splits
-from tilefly._triton_launch import Address, CachedLaunch
-from tilefly.ops.gemm.launch import _capturing, _placeholders, _splitk_buffers
+from tilefly._triton_launch import Address
+from tilefly.ops.gemm.launch import Launch, run_cached
 from tilefly.ops.mx_gemm import configs
 from tilefly.ops.mx_gemm.configs import MXConfig
 from tilefly.ops.mx_gemm.eligibility import MXProblem
@@ -80,48 +80,8 @@ def _scale_words(scale: torch.Tensor, swizzled: bool, k_blocks: int) -> bool:
     return scale.stride(1) == 1 and (scale.shape[0] <= 1 or scale.stride(0) % 4 == 0) and k_blocks % 4 == 0
 
 
-class _Plan:
-    """What one call signature launches: the JIT launch (first call, capture, launch hooks)."""
-
-    __slots__ = ("cfg", "kernel", "grid", "args", "constexprs", "workspace", "device")
-
-    def with_buffers(self, capturing: bool) -> list:
-        args = list(self.args)
-        if self.workspace is None:
-            args[6:8] = _placeholders(self.device)
-        else:
-            args[6:8] = _splitk_buffers(self.device, *self.workspace, capturing)
-        return args
-
-    def __call__(self, capturing: bool):
-        """Launch through the JIT (compiling on first use); returns the compiled kernel."""
-        return self.kernel[self.grid](*self.with_buffers(capturing), **self.constexprs)
-
-
-class _Replay(CachedLaunch):
-    """A plan's compiled kernel replayed with its cached arguments; the split-K partials and
-    tickets are looked up per call (one pair per stream)."""
-
-    __slots__ = ("plan",)
-
-    def __init__(self, compiled, plan: _Plan):
-        super().__init__(compiled, plan.kernel.arg_names, plan.with_buffers(False), plan.constexprs, plan.grid,
-                         plan.device.index)
-        self.plan = plan
-
-    def __call__(self, capturing: bool) -> None:
-        if capturing or _triton_launch.hooks_active():
-            self.plan(capturing)
-            return
-        if self.plan.workspace is None:
-            return super().__call__()
-        args = list(self.args)
-        stream = _triton_launch.current_stream(self.index)
-        args[6:8] = [t.data_ptr() for t in _splitk_buffers(self.plan.device, *self.plan.workspace, False, stream)]
-        return super().__call__(args, stream)
-
-
-_plans: dict[tuple, _Plan | _Replay] = {}
+_plans: dict[tuple, object] = {}
+WORKSPACE_AT = 6        # position of the split-K partials and tickets among the kernels' arguments
 
 
 def _key(cfg, *tensors):
@@ -132,26 +92,11 @@ def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
     """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
     key = _key((cfg, p, out.device), a, b, scale_a, scale_b, out, bias)
-    plan = _plans.get(key)
-    capturing = _capturing()
-    if plan is not None:
-        plan(capturing)
-        return out
-    plan = _prepare(p, a, b, scale_a, scale_b, out, bias, cfg)
-    compiled = plan(capturing)
-    if len(_plans) >= _MAX_PLANS:
-        _plans.clear()
-    _plans[key] = _Replay(compiled, plan) if _replayable(compiled, capturing) else plan
+    run_cached(_plans, key, lambda: _prepare(p, a, b, scale_a, scale_b, out, bias, cfg))
     return out
 
 
-def _replayable(compiled, capturing: bool) -> bool:
-    """A compiled kernel (not the interpreter's launch) launched outside capture: its arguments can
-    be replayed (under capture the split-K buffers belong to the graph)."""
-    return not capturing and hasattr(compiled, "packed_metadata")
-
-
-def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
+def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     fp4 = p.fmt == "mxfp4"
     x, y = a, b.t()                              # [M, K bytes], [N, K bytes], both row-major
     if fp4:
@@ -174,19 +119,16 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> _Plan:
     per_split = _cdiv(k_steps, splits)
     splits = _cdiv(k_steps, per_split)
 
-    plan = _Plan()
-    plan.cfg, plan.device = cfg, out.device
-    plan.kernel = configs.kernel_of(cfg)
-    plan.grid = (tiles, splits, 1)
-    plan.workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     bias_arg = out if bias is None else bias
-    plan.args = [x_desc, y_desc, Address(sx.data_ptr(), torch.uint8), Address(sy.data_ptr(), torch.uint8),
-                 Address(c.data_ptr(), c.dtype), Address(bias_arg.data_ptr(), bias_arg.dtype), None, None,
-                 rows, cols, p.k, *_scale_strides(sx, swz_x), *_scale_strides(sy, swz_y),
-                 c.stride(0), c.stride(1), 0 if bias is None else bias.stride(0), per_split]
-    plan.constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y)
+    args = [x_desc, y_desc, Address(sx.data_ptr(), torch.uint8), Address(sy.data_ptr(), torch.uint8),
+            Address(c.data_ptr(), c.dtype), Address(bias_arg.data_ptr(), bias_arg.dtype), None, None,
+            rows, cols, p.k, *_scale_strides(sx, swz_x), *_scale_strides(sy, swz_y),
+            c.stride(0), c.stride(1), 0 if bias is None else bias.stride(0), per_split]
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y)
     if cfg.kernel == 2:
-        plan.constexprs.update(X_WORDS=_scale_words(sx, swz_x, k_blocks), Y_WORDS=_scale_words(sy, swz_y, k_blocks))
-    plan.constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
-                           STAGES=cfg.stages, num_warps=cfg.num_warps)
-    return plan
+        constexprs.update(X_WORDS=_scale_words(sx, swz_x, k_blocks), Y_WORDS=_scale_words(sy, swz_y, k_blocks))
+    constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
+                      STAGES=cfg.stages, num_warps=cfg.num_warps)
+    workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
+    return Launch(cfg, configs.kernel_of(cfg), (tiles, splits, 1), args, constexprs, out.device, workspace,
+                  WORKSPACE_AT)
