@@ -241,13 +241,21 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, Sq, 
                               n_tiles, n_tiles, b, hk, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                               True, CAUSAL, num_warps)
 
-    o = o / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    store_outputs(o, m_i, l_i, q_smem, o_desc, lse_ptr, bh, b, h, off_m, Sq, BLOCK_M, HEAD_DIM, STORE_LSE)
+
+
+@gluon.jit
+def store_outputs(o, m_i, l_i, q_smem, o_desc, lse_ptr, bh, b, h, off_m, Sq, BLOCK_M: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr):
+    """The forward's epilogue, shared by the kernels here and in kernels_fwd512: O / l staged in Q's
+    shared tile (free once the last wgmma retired) for one TMA store clipped at Sq, and the
+    natural-log lse = (m + log2 l) * ln 2 with a row-masked store."""
+    o = o / gl.convert_layout(l_i, gl.SliceLayout(1, o.type.layout))[:, None]
     if STORE_LSE:
-        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        rows = off_m + gl.arange(0, BLOCK_M, layout=m_i.type.layout)
         lse = (m_i + gl.log2(l_i)) * LN2
         gl.store(lse_ptr + bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
-    # Q's tile is free once the last wgmma retired: stage O there for the TMA store.
-    q_tile.store(o.to(o_desc.dtype))
+    q_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, off_m, 0], q_smem)
     tma.store_wait(pendings=0)

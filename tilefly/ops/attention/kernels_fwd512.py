@@ -57,13 +57,13 @@ from dataclasses import dataclass
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import (LN2, _load, _rescale, _softmax, _tile, key_tiles,
-                                              prefetch_kv, query_tile)
+from tilefly.ops.attention.kernels_fwd import (_load, _rescale, _softmax, _tile, key_tiles, prefetch_kv,
+                                              query_tile, store_outputs)
 
 HEAD_DIM = 512
 _INTS = ["Sq", "Sk", "Hq", "GROUP"]
@@ -183,16 +183,7 @@ def attention_fwd512_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, S
                              n_full, n_tiles, b, hk, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CHUNKS, STAGES,
                              CAUSAL, num_warps)
 
-    o = o / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    if STORE_LSE:
-        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        lse = (m_i + gl.log2(l_i)) * LN2
-        gl.store(lse_ptr + bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
-    # Q's tile is free once the last wgmma retired: stage O there for the TMA store.
-    q_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, off_m, 0], q_smem)
-    tma.store_wait(pendings=0)
+    store_outputs(o, m_i, l_i, q_smem, o_desc, lse_ptr, bh, b, h, off_m, Sq, BLOCK_M, HEAD_DIM, STORE_LSE)
 
 
 # ---- configs, compile specs and the launcher -------------------------------------------------
