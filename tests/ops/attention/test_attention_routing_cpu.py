@@ -242,10 +242,6 @@ def test_a_tilefly_kernel_module_plugs_into_the_slot(routed, tmp_path, monkeypat
             return None
 
         @staticmethod
-        def output_reason(out, q):
-            return None if out.stride(-1) == 1 else "last dim not contiguous"
-
-        @staticmethod
         def forward(q, k, v, causal, scale, need_lse, config, out=None):
             calls.append(("fwd", config))
             result, lse = reference(q, k, v, causal, scale)

@@ -170,11 +170,9 @@ class TileflyFA:
         return reason or kernels.unsupported(q, k, v, causal, direction)
 
     def forward(self, q, k, v, causal, scale, need_lse, config=None, out=None):
-        """``out``: where to write the output if the kernels' TMA store can (else a fresh tensor)."""
-        kernels = self._load()[0]
-        if out is not None and kernels.output_reason(out, q):
-            out = None
-        return kernels.forward(q, k, v, causal, scale, need_lse, config, out=out)
+        """``out``: where to write the output (the kernels check it; a layout they cannot store to
+        raises, and the router recomputes with the op's own kernel)."""
+        return self._load()[0].forward(q, k, v, causal, scale, need_lse, config, out=out)
 
     def backward(self, grad_out, q, k, v, out, lse, causal, scale, config=None):
         return self._load()[0].backward(grad_out, q, k, v, out, lse, causal, scale, config)

@@ -178,13 +178,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     return out, lse
 
 
-def output_reason(out: torch.Tensor, q: torch.Tensor) -> str | None:
-    """Why ``out`` cannot take the forward's output of ``q`` in place (None: it can)."""
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        return f"out {tuple(out.shape)} {out.dtype} does not match q {tuple(q.shape)} {q.dtype}"
-    return _tma_reason("out", out)
-
-
 def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
                     lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The forward's (out, lse): the caller's, checked, or fresh ones (out like q, lse B x Hq x Sq
@@ -192,7 +185,7 @@ def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
     b, hq, sq, _ = q.shape
     if out is None:
         out = torch.empty_like(q)
-    elif output_reason(out, q):
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or _tma_reason("out", out):
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot take this output")
     if not need_lse:
         return out, None
