@@ -94,18 +94,14 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def configs_for(direction: str, head_dim: int | None = None) -> tuple[str, ...]:
     """The config names that select a kernel in ``direction`` (what a tuner should time there),
     only those that serve ``head_dim`` when it is given."""
-    if direction in FORWARD:
-        if head_dim is None:
-            return tuple(FWD_CONFIGS) + FWD512_CONFIG_NAMES
-        if head_dim == 512:
-            return FWD512_CONFIG_NAMES
-        return tuple(name for name, cfg in FWD_CONFIGS.items() if cfg.serves(head_dim))
-    if direction in BACKWARD:
-        if head_dim is None:
-            return tuple(BWD_CONFIGS) + BWD512_CONFIG_NAMES
-        if head_dim == 512:
-            return BWD512_CONFIG_NAMES
-        return tuple(name for name, cfg in BWD_CONFIGS.items() if cfg.serves(head_dim))
+    for names, configs, configs512 in ((FORWARD, FWD_CONFIGS, FWD512_CONFIG_NAMES),
+                                       (BACKWARD, BWD_CONFIGS, BWD512_CONFIG_NAMES)):
+        if direction in names:
+            if head_dim is None:
+                return tuple(configs) + configs512
+            if head_dim == 512:
+                return configs512
+            return tuple(name for name, cfg in configs.items() if cfg.serves(head_dim))
     return ()
 
 
