@@ -50,6 +50,12 @@ def cuda_inputs(b, hq, hk, sq, sk, d, dtype=torch.bfloat16, seed=0):
     return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
 
 
+def poisoned_outputs(q):
+    """NaN-filled (out like q, lse B x H x Sq FP32): a forward that skips an element leaves NaN."""
+    b, h, s, _ = q.shape
+    return torch.full_like(q, float("nan")), torch.full((b, h, s), float("nan"), device=q.device)
+
+
 def _grads(g, q, k, v, out, lse, causal, scale):
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     group = q.shape[1] // k.shape[1]

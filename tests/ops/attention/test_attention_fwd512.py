@@ -10,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from tilefly.ops.attention import configs, kernels_fwd512  # noqa: E402 - needs triton
-from attention_standins import cuda_inputs, reference as _reference  # noqa: E402
+from attention_standins import cuda_inputs, poisoned_outputs, reference as _reference  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -135,13 +135,8 @@ def _inputs(b, hq, hk, sq, sk, dtype=BF16, seed=0):
     return cuda_inputs(b, hq, hk, sq, sk, 512, dtype, seed)
 
 
-def _poisoned(q):
-    b, h, s, _ = q.shape
-    return torch.full_like(q, float("nan")), torch.full((b, h, s), float("nan"), device=q.device)
-
-
 def _check(q, k, v, causal, scale=None, config=None, out=None):
-    out_, lse = _poisoned(q)
+    out_, lse = poisoned_outputs(q)
     out = out_ if out is None else out.fill_(float("nan"))
     got, got_lse = kernels_fwd512.forward512(q, k, v, causal, scale, True, config, out=out, lse=lse)
     assert got is out and got_lse is lse
@@ -221,7 +216,7 @@ def test_nan_in_q_propagates_like_pytorch(config, causal):
     does; every other row stays exact."""
     q, k, v = _inputs(2, 2, 2, 150, 150)
     q[1, 0, 70, 5] = float("nan")
-    out, lse = _poisoned(q)
+    out, lse = poisoned_outputs(q)
     kernels_fwd512.forward512(q, k, v, causal, None, True, config, out=out, lse=lse)
     ref, ref_lse = _reference(q, k, v, causal)
     math_out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from tilefly import _device, _dispatch, config
 from tilefly.ops.attention import backends, configs, database, kernels
-from attention_standins import LENGTHS, all_thread_decisions, cuda_inputs as _inputs, db_entry, reference as _reference, write_db
+from attention_standins import (LENGTHS, all_thread_decisions, cuda_inputs as _inputs, db_entry,
+                                poisoned_outputs, reference as _reference, write_db)
 
 BF16 = torch.bfloat16
 
@@ -160,14 +161,9 @@ def test_wgmmas_are_not_serialized(cfg, d):
 
 # ---- GPU: forward against float64 ------------------------------------------------------------
 
-def _poisoned(q):
-    b, h, s, _ = q.shape
-    return torch.full_like(q, float("nan")), torch.full((b, h, s), float("nan"), device=q.device)
-
-
 def _check(q, k, v, causal, scale=None, config=None):
     assert kernels.unsupported(q, k, v, causal, "fwd") is None
-    out, lse = _poisoned(q)
+    out, lse = poisoned_outputs(q)
     got, got_lse = kernels.forward(q, k, v, causal, scale, True, config, out=out, lse=lse)
     assert got is out and got_lse is lse
     ref, ref_lse = _reference(q, k, v, causal, scale)
