@@ -310,6 +310,58 @@ def test_row_edges_leave_a_few_edge_loads_a_thread():
     assert sass.count("LDG.E.128 ") == 8 and sass.count("LDG.E.U16 ") <= 4
 
 
+# -- w_realign: w shifted in registers ------------------------------------------------------------
+
+def test_w_realign_is_a_rows_kernel_switch_for_split_rows_with_a_weight():
+    cfg = Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)
+    assert str(cfg) == "rows[BLOCK_N=4096,ROWS=1,w=4][row-edges][w-realign]"
+    assert configs.kernel_constexprs(cfg, 4097, 2, SPLIT, True)["W_REALIGN"] is True
+    for N, layout, has_w in ((4097, SPLIT, False), (4096, ALIGNED, True), (4097, GENERIC, True)):
+        assert configs.kernel_constexprs(cfg, N, 2, layout, has_w)["W_REALIGN"] is False
+    for bad in (replace(cfg, w_shift=True), Config("segments", 8192, 1, 4, w_realign=True)):
+        with pytest.raises(ValueError, match="w_realign"):
+            configs.validate(bad, 4097, 2, SPLIT)
+    for N, size in ((4097, 2), (16385, 2), (8193, 4), (32769, 4)):
+        new = configs.new_candidates(N, size, SPLIT)
+        assert new and sum(c.w_realign for c in new) == len(new) // 3
+        for c in new:
+            configs.validate(c, N, size, SPLIT)
+    assert configs.new_candidates(4096, 2, ALIGNED) == [] and configs.new_candidates(65537, 2, SPLIT) == []
+
+
+@pytest.mark.parametrize("dtype, N, cfg", [("fp16", 4097, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)),
+                                           ("fp32", 4097, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)),
+                                           ("bf16", 8193, Config("rows", 8192, 2, 16, row_edges=True, w_realign=True))])
+def test_w_realign_reads_w_in_16_byte_loads_with_one_aligned_run_per_asm_instance(dtype, N, cfg):
+    # The PTX shifter takes V consecutive values per instance (pack=V): it is right only if each
+    # thread's tile holds whole aligned runs of V columns. TTGIR: the inline asm's layout has
+    # sizePerThread [1, V] (or a multiple). SASS: body x and w as 16-byte loads, scalar loads only
+    # for the edge lanes (x, w and the x reload of ROW_EDGES).
+    pytest.importorskip("triton")
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = configs._spec(dtype, SPLIT, cfg, N)
+    src = ASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs))
+    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": spec.num_warps, "num_stages": 1}).asm["ttgir"]
+    layouts = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\]", ttgir, re.M))
+    asm_layouts = re.findall(r"elementwise_inline_asm.*?-> tensor<[^>]*?(#\w+)>", ttgir)
+    assert asm_layouts, "no inline asm in the kernel"
+    v = 8 if dtype != "fp32" else 4
+    for name in asm_layouts:
+        per_thread = [int(n) for n in layouts[name].split(",")]
+        assert per_thread[0] == 1 and per_thread[-1] % v == 0, (name, layouts[name])
+    sass = _sass(spec)
+    x_vectors = cfg.rows * cfg.block // (32 * cfg.num_warps) // v  # a thread's vectors of its rows
+    w_vectors = cfg.block // (32 * cfg.num_warps) // v              # w: one row's columns, spread over the CTA
+    assert sass.count("LDG.E.128 ") == x_vectors + 2 * w_vectors    # x; w lo and hi
+    assert sass.count("LDG.E.U16 ") + sass.count("LDG.E ") <= 4 * cfg.rows
+
+
 # -- x16: 16-bit segments keeping x as loaded across the row sync --------------------------------
 
 @pytest.mark.parametrize("N, layout", [(65536, ALIGNED), (114688, ALIGNED), (262144, ALIGNED), (65537, SPLIT)])

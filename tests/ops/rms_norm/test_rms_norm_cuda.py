@@ -319,6 +319,11 @@ LAUNCH_CASES = {
     "segments-aligned-reload": (65536, None, Config("segments", 16384, 1, 4, reload=True)),
     "segments-split-w-shift-reload": (65537, None, Config("segments", 8192, 1, 4, w_shift=True, reload=True)),
     "segments-aligned-x16": (114688, None, Config("segments", 16384, 1, 4, x16=True)),
+    # w realigned in registers: one row a program, packed rows, 64 values a thread
+    "rows-split-w-realign": (4097, None, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)),
+    "rows-split-w-realign-packed": (1001, None, Config("rows", 1024, 4, 4, row_edges=True, w_realign=True)),
+    "rows-split-w-realign-long": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)),
+    "rows-split-w-realign-no-edges": (8193, None, Config("rows", 8192, 2, 16, w_realign=True)),
 }
 
 
@@ -432,6 +437,21 @@ def test_w_shift_sees_a_weight_changed_in_place_between_calls(dtype):
         launcher.launch(x, w, y, rstd, 1e-6, cfg)
         y_ref, _ = reference(x, 1, w, 1e-6)
         torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_w_realign_takes_an_unaligned_or_end_of_buffer_weight(dtype):
+    # w_realign's vector loads need a 16-byte-aligned w (else the launch uses plain loads), and
+    # read w up to its last 16-byte line: a w at the very end of its buffer stays correct
+    N, M = 4097, 29
+    cfg = Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)
+    x = rand(M, N, dtype=dtype)
+    weights = rand_weight(2 * N + 1, dtype)
+    for w in (weights[1:N + 1], weights[N + 1:], rand_weight(N, dtype)):
+        y, rstd = torch.full_like(x, float("nan")), torch.full((M, 1), float("nan"), device="cuda")
+        launcher.launch(x, w, y, rstd, 1e-6, cfg)
+        y_ref, _ = reference(x, 1, w, 1e-6)
+        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=f"w at {w.data_ptr() % 16}")
 
 
 def test_compiled_model_with_tilefly_enabled_runs_and_matches():

@@ -43,6 +43,8 @@ class Config:
     w_shift: bool = False      # SPLIT rows: read w from V shifted, aligned copies written per
                                # launch (16-byte w loads; kernels.py, W_SHIFT)
     row_edges: bool = False    # rows kernel, SPLIT rows: head/tail a row at a time (ROW_EDGES)
+    w_realign: bool = False    # rows kernel, SPLIT rows: w from two aligned loads shifted in
+                               # registers (W_REALIGN; needs a 16-byte-aligned w, else plain loads)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
     x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
                                # (X16, kernels.py)
@@ -59,6 +61,8 @@ class Config:
             text += "[w-shift]"
         if self.row_edges:
             text += "[row-edges]"
+        if self.w_realign:
+            text += "[w-realign]"
         if self.reload:
             text += "[reload]"
         if self.x16:
@@ -149,6 +153,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
     if config.kernel not in ("rows", "chunked", "segments"):
         raise ValueError(f"unknown kernel {config.kernel!r}")
+    if config.w_realign and (config.kernel != "rows" or config.w_shift):
+        raise ValueError(f"{config}: w_realign is a rows-kernel alternative to w_shift")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
@@ -192,9 +198,19 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
-    pick and ATen. None are pending: the last round (kept in ``tried_candidates``) put 16-bit
-    segments with x16 into TUNED for rows of 114688."""
-    return []
+    pick and ATen: SPLIT rows-kernel tiles with w realigned in registers (w_realign, no copies
+    and no second launch), next to the same tiles with row edges alone and with w_shift."""
+    if layout != SPLIT or row_block(N, element_size, layout) > 2 * ONE_PASS_MAX_BLOCK:
+        return []
+    block = row_block(N, element_size, layout)
+    out = []
+    for rows in (1, 2):
+        for warps in (4, 8, 16, 32):
+            per_thread = rows * block // (32 * warps)
+            if per_thread in (16, 32, 64) and rows * block <= 32768 and rows * warps <= 32:
+                tile = Config("rows", block, rows, warps, row_edges=True)
+                out += [replace(tile, w_realign=True), tile, replace(tile, w_shift=True)]
+    return out
 
 
 def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
@@ -280,7 +296,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
         head = {"SEG": config.block, "SEGMENTS": segments(config, N, element_size, layout)}
     return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
             "HAS_W": has_w, "W_SHIFT": uses_w_shift(config, layout, has_w),
-            **({"ROW_EDGES": config.row_edges and layout == SPLIT} if config.kernel == "rows" else {}),
+            **({"ROW_EDGES": config.row_edges and layout == SPLIT,
+                "W_REALIGN": config.w_realign and layout == SPLIT and has_w} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -367,6 +384,12 @@ def compile_specs():
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4), 65536)
     add("bf16", ALIGNED, Config("segments", 16384, 1, 4, reload=True), 114688)
     add("fp16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True, reload=True), 65537, has_w=False)
+    # w realigned in registers (sweep.py --new): each element size, packed rows, 16 and 64 values a thread
+    add("fp16", SPLIT, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True), 4097)
+    add("bf16", SPLIT, Config("rows", 8192, 2, 16, row_edges=True, w_realign=True), 8193)
+    add("fp16", SPLIT, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True), 16385)
+    add("fp32", SPLIT, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True), 4097)
+    add("fp32", SPLIT, Config("rows", 16384, 1, 16, row_edges=True, w_realign=True), 16385)
     # 16-bit segments that keep x as loaded (x16): TUNED's long rows, a wider variant
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True), 65536)
     add("bf16", ALIGNED, Config("segments", 32768, 1, 16, x16=True), 262144)
@@ -478,6 +501,9 @@ def interpreter_checks():
     for dtype, M, N, cfg in (("fp16", 3, 1024, Config("segments", 256, 1, 4, x16=True)),
                              ("bf16", 3, 1001, Config("segments", 256, 1, 4, x16=True))):
         cases.append((f"{cfg.kernel}-x16[{dtype},M={M},N={N},SEG={cfg.block}]", (dtype, M, N, True, cfg)))
+    for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True)),
+                             ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True))):
+        cases.append((f"rows-w-realign[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
     cases.append(("w-shift-no-w[fp16,N=1001]",
                   ("fp16", 3, 1001, False, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True))))
     cases.append(("w-shift-strided[fp16,N=100,stride=131]",

@@ -163,6 +163,66 @@ def _body_w_offset(c0, N, V: tl.constexpr, W_SHIFT: tl.constexpr):
         return c0
 
 
+# W_REALIGN, in PTX: from two aligned vectors of w (lo = w[j : j+V], hi = w[j+V : j+2V]) one
+# vector w[j+c0 : j+c0+V], c0 = the body's first row column (< V). A barrel shifter over the
+# eight 32-bit words of lo, hi: by 2 words if c0 & 4, by 1 word if c0 & 2 (16-bit only), then
+# for 16-bit by half a word if c0 & 1 (prmt 0x5432 takes the high half of one word and the low
+# half of the next). Operands: $0-$3 out, $4-$7 lo, $8-$11 hi, $12 c0 (one per element; the
+# first is read).
+_REALIGN_16 = tl.constexpr("""{
+.reg .pred p4, p2, p1;
+.reg .b32 m, o, t0, t1, t2, t3, t4, t5, u0, u1, u2, u3, u4;
+and.b32 m, $12, 4; setp.ne.b32 p4, m, 0;
+and.b32 m, $12, 2; setp.ne.b32 p2, m, 0;
+and.b32 m, $12, 1; setp.ne.b32 p1, m, 0;
+selp.b32 t0, $6, $4, p4; selp.b32 t1, $7, $5, p4; selp.b32 t2, $8, $6, p4;
+selp.b32 t3, $9, $7, p4; selp.b32 t4, $10, $8, p4; selp.b32 t5, $11, $9, p4;
+selp.b32 u0, t1, t0, p2; selp.b32 u1, t2, t1, p2; selp.b32 u2, t3, t2, p2;
+selp.b32 u3, t4, t3, p2; selp.b32 u4, t5, t4, p2;
+prmt.b32 o, u0, u1, 0x5432; selp.b32 $0, o, u0, p1;
+prmt.b32 o, u1, u2, 0x5432; selp.b32 $1, o, u1, p1;
+prmt.b32 o, u2, u3, 0x5432; selp.b32 $2, o, u2, p1;
+prmt.b32 o, u3, u4, 0x5432; selp.b32 $3, o, u3, p1;
+}""")
+_REALIGN_32 = tl.constexpr("""{
+.reg .pred p2, p1;
+.reg .b32 m, t0, t1, t2, t3, t4;
+and.b32 m, $12, 2; setp.ne.b32 p2, m, 0;
+and.b32 m, $12, 1; setp.ne.b32 p1, m, 0;
+selp.b32 t0, $6, $4, p2; selp.b32 t1, $7, $5, p2; selp.b32 t2, $8, $6, p2;
+selp.b32 t3, $9, $7, p2; selp.b32 t4, $10, $8, p2;
+selp.b32 $0, t1, t0, p1; selp.b32 $1, t2, t1, p1; selp.b32 $2, t3, t2, p1; selp.b32 $3, t4, t3, p1;
+}""")
+_REALIGN_16_OPERANDS = tl.constexpr("=r,=r,=r,=r" + ",r" * 16)  # out; lo, hi (2 values a register); c0 x 8
+_REALIGN_32_OPERANDS = tl.constexpr("=r,=r,=r,=r" + ",r" * 12)  # out; lo, hi; c0 x 4
+
+
+@triton.jit
+def _realigned_w(W, c0, cols, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, V: tl.constexpr):
+    """[ROWS, BLOCK_N] tile of w[c0 + col] (c0: [ROWS] int32 in [0, V)), for SPLIT bodies whose
+    columns come in aligned runs of V (W_REALIGN). Two 16-byte loads of w per run and a register
+    shift instead of V scalar loads. w is read up to N rounded up to V: the rest of the 16-byte
+    line holding w's last element (never a fault; the values land only in masked-off lanes)."""
+    NP = (N + V - 1) // V * V
+    if _INTERPRETED:  # no inline PTX in the interpreter: the same values, gathered
+        return tl.load(W + c0[:, None] + cols[None, :], mask=c0[:, None] + cols[None, :] < N, other=0.0)
+    else:
+        lo = tl.load(W + cols, mask=cols < NP, other=0.0)
+        hi = tl.load(W + V + cols, mask=cols + V < NP, other=0.0)
+        shift = tl.broadcast_to(c0[:, None], (ROWS, BLOCK_N))
+        if V == 8:
+            lo16 = tl.broadcast_to(lo.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            hi16 = tl.broadcast_to(hi.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            w = tl.inline_asm_elementwise(_REALIGN_16, _REALIGN_16_OPERANDS, [lo16, hi16, shift],
+                                          dtype=tl.int16, is_pure=True, pack=8)
+        else:
+            lo32 = tl.broadcast_to(lo.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            hi32 = tl.broadcast_to(hi.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            w = tl.inline_asm_elementwise(_REALIGN_32, _REALIGN_32_OPERANDS, [lo32, hi32, shift],
+                                          dtype=tl.int32, is_pure=True, pack=4)
+        return w.to(W.dtype.element_ty, bitcast=True)
+
+
 @triton.jit
 def rms_norm_shift_weight_kernel(W, WS, N, BLOCK: tl.constexpr, V: tl.constexpr):
     """WS[k * NP + j] = w[k + j] (0 past the row) for k < V, NP = N rounded up to V: the shifted
@@ -179,7 +239,7 @@ def rms_norm_shift_weight_kernel(W, WS, N, BLOCK: tl.constexpr, V: tl.constexpr)
 def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                         W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr):
+                         W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -221,7 +281,9 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
 
     y = x * rstd[:, None]
     if HAS_W:
-        if SPLIT:
+        if SPLIT and W_REALIGN:
+            w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, BLOCK_N, V)
+        elif SPLIT:
             w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT)[:, None] + cols[None, :],
                         mask=mask, other=0.0)
         else:

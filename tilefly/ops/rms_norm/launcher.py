@@ -17,6 +17,8 @@ Host cost, measured on the 2-core CPU box with a no-op standing in for Triton's 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tilefly import _device, _triton_launch
@@ -153,6 +155,8 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     size = x.element_size()
     cfg_ = cfg or configs.heuristic(N, size, layout)
     configs.validate(cfg_, N, size, layout)
+    if cfg_.w_realign and (w is None or w.data_ptr() % 16):  # its vector loads of w need alignment
+        cfg_ = replace(cfg_, w_realign=False)
     constexprs = configs.kernel_constexprs(cfg_, N, size, layout, w is not None)
     entry = Entry()
     entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
