@@ -50,8 +50,8 @@ def test_heuristic_picks_a_valid_config_for_every_layout(N, size):
             assert cfg.kernel == "chunked" and configs.max_body(N, size, layout) > configs.ONE_PASS_MAX_BLOCK
 
 
-# The H200 sweeps' best config per rmsnorm.csv case (rms_fp16_sweep.md, rms_rest_sweep.md), written
-# out independently of configs.TUNED. fp16 8192x4096 measured rows[4096,2,w=4] at 37.9 us, bf16
+# The H200 sweeps' best config per rmsnorm.csv case (rms_fp16_sweep.md, rms_rest_sweep.md; SPLIT rows:
+# BENCHMARKS.md session 14), written out independently of configs.TUNED. fp16 8192x4096 measured rows[4096,2,w=4] at 37.9 us, bf16
 # rows[4096,2,w=16] at 37.8: the two dtypes share the entry, so both cases get the bf16 pick.
 MEASURED_BEST = {
     ("fp16", 8192, 4096): Config("rows", 4096, 2, 16),
@@ -59,22 +59,22 @@ MEASURED_BEST = {
     ("fp16", 2048, 16384): Config("rows", 16384, 1, 8),
     ("fp16", 2048, 65536): Config("chunked", 16384, 1, 16, 1, 2),
     ("fp16", 2048, 114688): Config("segments", 16384, 1, 4, x16=True),
-    ("fp16", 8192, 4097): Config("rows", 4096, 1, 4),
-    ("fp16", 4096, 8193): Config("rows", 8192, 1, 4),
-    ("fp16", 2048, 16385): Config("chunked", 4096, 1, 16, 1, 2),
+    ("fp16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
+    ("fp16", 4096, 8193): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True),
+    ("fp16", 2048, 16385): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True),
     ("bf16", 8192, 4096): Config("rows", 4096, 2, 16),
     ("bf16", 2048, 16384): Config("rows", 16384, 1, 8),
-    ("bf16", 8192, 4097): Config("rows", 4096, 1, 4),
-    ("bf16", 2048, 16385): Config("chunked", 4096, 1, 16, 1, 2),
+    ("bf16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
+    ("bf16", 2048, 16385): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True),
     ("fp32", 8192, 4096): Config("rows", 4096, 2, 4),
     ("fp32", 4096, 8192): Config("rows", 8192, 2, 32),
     ("fp32", 2048, 16384): Config("rows", 16384, 2, 16),
     ("fp32", 2048, 32768): Config("rows", 32768, 1, 32),
     ("fp32", 2048, 65536): Config("segments", 8192, 1, 4),
     ("fp32", 2048, 114688): Config("segments", 8192, 1, 4),
-    ("fp32", 8192, 4097): Config("rows", 4096, 1, 4),
-    ("fp32", 4096, 8193): Config("rows", 8192, 1, 4),
-    ("fp32", 2048, 16385): Config("chunked", 8192, 1, 16, 1, 2),
+    ("fp32", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
+    ("fp32", 4096, 8193): Config("rows", 8192, 1, 8, row_edges=True),
+    ("fp32", 2048, 16385): Config("rows", 16384, 1, 16, row_edges=True, w_realign=True),
     ("fp32", 2048, 32769): Config("rows", 32768, 1, 16),
 }
 
@@ -229,7 +229,7 @@ def test_tried_candidates_for_split_rows_read_shifted_weight_copies(N, size):
     new = configs.tried_candidates(N, size, SPLIT)
     pick = configs.heuristic(N, size, SPLIT)
     assert new and len(new) == len(set(new)) <= 12
-    assert new[0] == replace(pick, w_shift=True, row_edges=pick.kernel == "rows")
+    assert new[0] == replace(pick, w_shift=True, w_realign=False, row_edges=pick.kernel == "rows")
     for cfg in new:
         assert cfg.split and (cfg.w_shift or cfg.row_edges)
         assert cfg.row_edges == (cfg.kernel == "rows")        # ROW_EDGES is a rows-kernel switch
@@ -323,7 +323,8 @@ def test_w_realign_is_a_rows_kernel_switch_for_split_rows_with_a_weight():
             configs.validate(bad, 4097, 2, SPLIT)
     for N, size in ((4097, 2), (16385, 2), (8193, 4), (32769, 4)):
         new = configs.new_candidates(N, size, SPLIT)
-        assert new and sum(c.w_realign for c in new) == len(new) // 3
+        assert new and sum(c.w_realign for c in new) == sum(c.w_shift for c in new) == len(new) // 3
+        assert sum(c.x16 for c in new) == (len(new) // 2 if size == 2 else 0)
         for c in new:
             configs.validate(c, N, size, SPLIT)
     assert configs.new_candidates(4096, 2, ALIGNED) == [] and configs.new_candidates(65537, 2, SPLIT) == []
@@ -389,11 +390,23 @@ def test_x16_constexprs_and_name():
 @pytest.mark.parametrize("cfg, N, size, layout", [
     (Config("segments", 16384, x16=True), 65536, 4, ALIGNED),             # FP32 x
     (Config("segments", 16384, x16=True, reload=True), 65536, 2, ALIGNED),
-    (Config("rows", 4096, x16=True), 4096, 2, ALIGNED),
+    (Config("chunked", 4096, x16=True), 8192, 2, ALIGNED),
+    (Config("rows", 4096, x16=True), 4096, 4, ALIGNED),                   # FP32 x in the rows kernel
 ])
 def test_validate_rejects_x16_configs_that_cannot_serve(cfg, N, size, layout):
     with pytest.raises(ValueError, match="x16"):
         configs.validate(cfg, N, size, layout)
+
+
+def test_x16_frees_the_registers_of_a_16_bit_row_tile():
+    # 64 FP16 values a thread at 8 warps with w realigned: 145 registers (one CTA an SM) as FP32
+    pytest.importorskip("triton")
+    from tilefly.compile_check import compile_one
+
+    cfg = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)
+    plain, kept = (compile_one(configs._spec("fp16", SPLIT, replace(cfg, x16=x16), 16385)) for x16 in (False, True))
+    assert plain.ok and kept.ok and kept.registers <= plain.registers - 24, (plain.registers, kept.registers)
+    assert configs.kernel_constexprs(replace(cfg, x16=True), 16385, 2, SPLIT, True)["X16"] is True
 
 
 def test_x16_halves_the_registers_of_16_bit_segments():

@@ -46,7 +46,8 @@ class Config:
     w_realign: bool = False    # rows kernel, SPLIT rows: w from two aligned loads shifted in
                                # registers (W_REALIGN; needs a 16-byte-aligned w, else plain loads)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
-    x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
+    x16: bool = False          # rows and segments kernels, 16-bit x: keep x as loaded across the
+                               # row reduction / row sync (X16, kernels.py)
                                # (X16, kernels.py)
 
     def __str__(self) -> str:
@@ -115,18 +116,20 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),                # fp16 2048x16384   39.0, bf16 38.6
     (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),      # fp16 2048x65536  160.5
     (2, ALIGNED, 131072): Config("segments", 16384, 1, 4, x16=True), # fp16 2048x114688 267.0 (chunked 300.6)
-    (2, SPLIT, 4096): Config("rows", 4096, 1, 4),                    # fp16 8192x4097    44.2, bf16 43.5
-    (2, SPLIT, 8192): Config("rows", 8192, 1, 4),                    # fp16 4096x8193    47.5
-    (2, SPLIT, 16384): Config("chunked", 4096, 1, 16, 1, 2),         # fp16 2048x16385   55.9, bf16 56.6
+    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),    # fp16 8192x4097    37.1, bf16 37.8 (plain 39.5)
+    (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True),  # fp16 4096x8193 38.6 (plain 42.9)
+    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True),  # fp16 2048x16385 40.8,
+                                                                     # bf16 41.1 (chunked 52.1)
     (4, ALIGNED, 4096): Config("rows", 4096, 2, 4),                  # fp32 8192x4096    70.3 =
     (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
     (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
     (4, ALIGNED, 32768): Config("rows", 32768, 1, 32),               # fp32 2048x32768  141.7
     (4, ALIGNED, 65536): Config("segments", 8192, 1, 4),             # fp32 2048x65536  298.3 (chunked 349.8)
     (4, ALIGNED, 131072): Config("segments", 8192, 1, 4),            # fp32 2048x114688 523.7 (chunked 649.2)
-    (4, SPLIT, 4096): Config("rows", 4096, 1, 4),                    # fp32 8192x4097    72.0 =
-    (4, SPLIT, 8192): Config("rows", 8192, 1, 4),                    # fp32 4096x8193    73.2
-    (4, SPLIT, 16384): Config("chunked", 8192, 1, 16, 1, 2),         # fp32 2048x16385   88.2
+    (4, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),    # fp32 8192x4097    67.0 =
+    (4, SPLIT, 8192): Config("rows", 8192, 1, 8, row_edges=True),    # fp32 4096x8193    68.4 =
+    (4, SPLIT, 16384): Config("rows", 16384, 1, 16, row_edges=True, w_realign=True),  # fp32 2048x16385
+                                                                     # 80.5 (chunked 84.1)
     (4, SPLIT, 32768): Config("rows", 32768, 1, 16),                 # fp32 2048x32769  159.2
 }
 
@@ -164,8 +167,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
-        raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
+    if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
+        raise ValueError(f"{config}: x16 is for 16-bit x in the rows and segments kernels (without reload)")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -199,7 +202,8 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
     pick and ATen: SPLIT rows-kernel tiles with w realigned in registers (w_realign, no copies
-    and no second launch), next to the same tiles with row edges alone and with w_shift."""
+    and no second launch), next to the same tiles with row edges alone and with w_shift; for
+    16-bit x each also keeping x as loaded (x16: fewer registers, more CTAs an SM)."""
     if layout != SPLIT or row_block(N, element_size, layout) > 2 * ONE_PASS_MAX_BLOCK:
         return []
     block = row_block(N, element_size, layout)
@@ -209,7 +213,9 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
             per_thread = rows * block // (32 * warps)
             if per_thread in (16, 32, 64) and rows * block <= 32768 and rows * warps <= 32:
                 tile = Config("rows", block, rows, warps, row_edges=True)
-                out += [replace(tile, w_realign=True), tile, replace(tile, w_shift=True)]
+                for x16 in (False, True) if element_size == 2 else (False,):
+                    out += [replace(tile, w_realign=True, x16=x16), replace(tile, x16=x16),
+                            replace(tile, w_shift=True, x16=x16)]
     return out
 
 
@@ -224,11 +230,12 @@ def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
 
 
 def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Variants measured on the H200 without beating the pick (kept in the full sweep):
+    """Variants measured on the H200 (kept in the full sweep):
     - SPLIT rows with the head/tail a row at a time (row_edges, rows kernel) and with it or alone
-      the shifted weight copies (w_shift): the heuristic's pick, rows tiles of 16-64 values per
-      thread with 1-4 rows per program; w_shift segments of 2-16 pieces (FP16 8192x4097: 3.25
-      TB/s at best, 2048x16385: 2.98);
+      the shifted weight copies (w_shift): rows tiles of 16-64 values per thread with 1-4 rows per
+      program; w_shift segments of 2-16 pieces. Rows tiles with row_edges (and w_shift from rows
+      of 8193 on) won every SPLIT case of the suite and are in TUNED (16-bit 8192x4097: 3.6 TB/s,
+      4096x8193: 3.5, 2048x16385: 3.3);
     - long ALIGNED 16-bit rows: segments with 128 values (256 bytes) per thread held as FP32
       (SASS: 219-233 registers), and segments that reload their piece after the row sync
       (reload), 64 or 128 values a thread (FP16 2048x65536: 3.20 TB/s at best);
@@ -244,9 +251,9 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     if layout == SPLIT:
         pick = heuristic(N, element_size, layout)
         rows_kernel = pick.kernel == "rows"
-        out.append(replace(pick, w_shift=True, row_edges=rows_kernel))
+        out.append(replace(pick, w_shift=True, w_realign=False, row_edges=rows_kernel))
         if rows_kernel:
-            out.append(replace(pick, row_edges=True))
+            out.append(replace(pick, w_shift=False, w_realign=False, row_edges=True))
         if block <= 2 * ONE_PASS_MAX_BLOCK:
             for rows in (1, 2, 4):
                 for warps in (4, 8, 16, 32):
@@ -297,7 +304,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
     return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
             "HAS_W": has_w, "W_SHIFT": uses_w_shift(config, layout, has_w),
             **({"ROW_EDGES": config.row_edges and layout == SPLIT,
-                "W_REALIGN": config.w_realign and layout == SPLIT and has_w} if config.kernel == "rows" else {}),
+                "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
+                "X16": config.x16} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -390,6 +398,9 @@ def compile_specs():
     add("fp16", SPLIT, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True), 16385)
     add("fp32", SPLIT, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True), 4097)
     add("fp32", SPLIT, Config("rows", 16384, 1, 16, row_edges=True, w_realign=True), 16385)
+    add("fp16", SPLIT, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, x16=True), 16385)
+    add("bf16", SPLIT, Config("rows", 8192, 1, 4, row_edges=True, w_shift=True, x16=True), 8193)
+    add("fp16", ALIGNED, Config("rows", 16384, 1, 8, x16=True), 16384)
     # 16-bit segments that keep x as loaded (x16): TUNED's long rows, a wider variant
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True), 65536)
     add("bf16", ALIGNED, Config("segments", 32768, 1, 16, x16=True), 262144)
@@ -502,7 +513,8 @@ def interpreter_checks():
                              ("bf16", 3, 1001, Config("segments", 256, 1, 4, x16=True))):
         cases.append((f"{cfg.kernel}-x16[{dtype},M={M},N={N},SEG={cfg.block}]", (dtype, M, N, True, cfg)))
     for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True)),
-                             ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True))):
+                             ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True)),
+                             ("bf16", 7, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True, x16=True))):
         cases.append((f"rows-w-realign[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
     cases.append(("w-shift-no-w[fp16,N=1001]",
                   ("fp16", 3, 1001, False, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True))))
