@@ -3,11 +3,11 @@ self-attention B x H x S x D, no mask, no dropout), forward (``fwd``) and forwar
 (``fwd+bwd``: the forward with inputs requiring grad, then ``torch.autograd.grad`` of a random
 output gradient).
 
-Providers per mode: ``default`` (PyTorch's own backend selection; the note names the backend it
-reached), ``cudnn``, ``flash``, ``efficient`` (each forced with ``sdpa_kernel([SDPBackend.X])``;
-a backend that refuses the case is "n/a" with PyTorch's reason), and ``tilefly`` (default
-selection inside ``tilefly.enabled("attention")``, the router's decision recorded) once that
-family exists. TFLOP/s: forward 4*B*H*S^2*D, forward+backward 3.5x that; halved when causal."""
+Providers per mode, timed in this order: ``default`` (PyTorch's own backend selection; the note
+names the backend it reached), ``tilefly`` (default selection inside
+``tilefly.enabled("attention")``, the router's decision recorded) once that family exists, then
+``cudnn``, ``flash``, ``efficient`` (each forced with ``sdpa_kernel([SDPBackend.X])``; a backend
+that refuses the case is "n/a" with PyTorch's reason). TFLOP/s: forward 4*B*H*S^2*D, forward+backward 3.5x that; halved when causal."""
 from __future__ import annotations
 
 import contextlib
@@ -110,12 +110,15 @@ def plan() -> Plan:
 
             providers.append(Provider(f"default:{mode}", build_default,
                                       inspect=lambda seen=seen: f"reached {seen.seen[0]}" if seen.seen else None))
-            for name, backend in BACKENDS.items():
-                providers.append(Provider(f"{name}:{mode}", lambda fn=fn: check_refusal(fn), context=forced(backend),
-                                          error_label="n/a"))
+            # tilefly right after default: the forced backends run long on some cases (efficient
+            # at head dim 256: 7 ms a call) and the clocks, which nobody locks, sag after them; the
+            # provider timed next paid it (3-4 % on cuDNN's own d256 kernels, bench of bdfc88c).
             if missing is None:
                 providers.append(Provider(f"tilefly:{mode}", lambda fn=fn: fn, family="attention",
                                           context=lambda: _tilefly_enabled("attention")))
+            for name, backend in BACKENDS.items():
+                providers.append(Provider(f"{name}:{mode}", lambda fn=fn: check_refusal(fn), context=forced(backend),
+                                          error_label="n/a"))
         flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
 
         def metrics(provider: str, us: float) -> dict[str, float]:
