@@ -324,8 +324,6 @@ LAUNCH_CASES = {
     "rows-split-w-realign-packed": (1001, None, Config("rows", 1024, 4, 4, row_edges=True, w_realign=True)),
     "rows-split-w-realign-long": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)),
     "rows-split-w-realign-no-edges": (8193, None, Config("rows", 8192, 2, 16, w_realign=True)),
-    "rows-split-w-realign-x16": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, x16=True)),
-    "rows-aligned-x16-packed": (1024, None, Config("rows", 1024, 4, 4, x16=True)),
 }
 
 

@@ -46,8 +46,8 @@ class Config:
     w_realign: bool = False    # rows kernel, SPLIT rows: w from two aligned loads shifted in
                                # registers (W_REALIGN; needs a 16-byte-aligned w, else plain loads)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
-    x16: bool = False          # rows and segments kernels, 16-bit x: keep x as loaded across the
-                               # row reduction / row sync (X16, kernels.py)
+    x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
+                               # (X16, kernels.py)
                                # (X16, kernels.py)
 
     def __str__(self) -> str:
@@ -167,8 +167,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
-        raise ValueError(f"{config}: x16 is for 16-bit x in the rows and segments kernels (without reload)")
+    if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
+        raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -201,22 +201,9 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
-    pick and ATen: SPLIT rows-kernel tiles with w realigned in registers (w_realign, no copies
-    and no second launch), next to the same tiles with row edges alone and with w_shift; for
-    16-bit x each also keeping x as loaded (x16: fewer registers, more CTAs an SM)."""
-    if layout != SPLIT or row_block(N, element_size, layout) > 2 * ONE_PASS_MAX_BLOCK:
-        return []
-    block = row_block(N, element_size, layout)
-    out = []
-    for rows in (1, 2):
-        for warps in (4, 8, 16, 32):
-            per_thread = rows * block // (32 * warps)
-            if per_thread in (16, 32, 64) and rows * block <= 32768 and rows * warps <= 32:
-                tile = Config("rows", block, rows, warps, row_edges=True)
-                for x16 in (False, True) if element_size == 2 else (False,):
-                    out += [replace(tile, w_realign=True, x16=x16), replace(tile, x16=x16),
-                            replace(tile, w_shift=True, x16=x16)]
-    return out
+    pick and ATen. None are pending: the last round (kept in ``tried_candidates``) put w_realign
+    into TUNED for FP32 rows of 16385."""
+    return []
 
 
 def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
@@ -236,6 +223,11 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       program; w_shift segments of 2-16 pieces. Rows tiles with row_edges (and w_shift from rows
       of 8193 on) won every SPLIT case of the suite and are in TUNED (16-bit 8192x4097: 3.6 TB/s,
       4096x8193: 3.5, 2048x16385: 3.3);
+    - SPLIT rows-kernel tiles with w realigned in registers (w_realign): won FP32 2048x16385 (80.5 us
+      against 82.1 with row edges alone), lost or tied on 16-bit rows (FP16 2048x16385: 56.7 us at
+      8 warps, 145 registers, against 40.8 with w_shift). Holding 16-bit x as loaded across the row
+      reduction (as x16 does for segments) brought that tile to 113 registers but no 16-bit case
+      moved beyond 2 %, so the rows kernel does not have it;
     - long ALIGNED 16-bit rows: segments with 128 values (256 bytes) per thread held as FP32
       (SASS: 219-233 registers), and segments that reload their piece after the row sync
       (reload), 64 or 128 values a thread (FP16 2048x65536: 3.20 TB/s at best);
@@ -262,6 +254,7 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
                     if per_thread in (16, 32, 64) and rows * block <= 32768 and rows * warps <= 32:
                         out += [Config("rows", block, rows, warps, w_shift=ws, row_edges=True)
                                 for ws in (True, False)]
+                        out.append(Config("rows", block, rows, warps, row_edges=True, w_realign=True))
         if block >= ONE_PASS_MAX_BLOCK:
             for seg in (4096, 8192, 16384):
                 for warps in (4, 8, 16):
@@ -304,8 +297,7 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
     return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
             "HAS_W": has_w, "W_SHIFT": uses_w_shift(config, layout, has_w),
             **({"ROW_EDGES": config.row_edges and layout == SPLIT,
-                "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
-                "X16": config.x16} if config.kernel == "rows" else {}),
+                "W_REALIGN": config.w_realign and layout == SPLIT and has_w} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -398,9 +390,6 @@ def compile_specs():
     add("fp16", SPLIT, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True), 16385)
     add("fp32", SPLIT, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True), 4097)
     add("fp32", SPLIT, Config("rows", 16384, 1, 16, row_edges=True, w_realign=True), 16385)
-    add("fp16", SPLIT, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, x16=True), 16385)
-    add("bf16", SPLIT, Config("rows", 8192, 1, 4, row_edges=True, w_shift=True, x16=True), 8193)
-    add("fp16", ALIGNED, Config("rows", 16384, 1, 8, x16=True), 16384)
     # 16-bit segments that keep x as loaded (x16): TUNED's long rows, a wider variant
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True), 65536)
     add("bf16", ALIGNED, Config("segments", 32768, 1, 16, x16=True), 262144)
@@ -513,8 +502,7 @@ def interpreter_checks():
                              ("bf16", 3, 1001, Config("segments", 256, 1, 4, x16=True))):
         cases.append((f"{cfg.kernel}-x16[{dtype},M={M},N={N},SEG={cfg.block}]", (dtype, M, N, True, cfg)))
     for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True)),
-                             ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True)),
-                             ("bf16", 7, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True, x16=True))):
+                             ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True))):
         cases.append((f"rows-w-realign[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
     cases.append(("w-shift-no-w[fp16,N=1001]",
                   ("fp16", 3, 1001, False, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True))))

@@ -103,9 +103,6 @@ winning segments[SEG=8192,w=4]) take ~220 registers, so few CTAs fit an SM and t
 flight stay below FP32's. With RELOAD the piece is loaded again after the sync (it was read
 microseconds before: L2, often L1), so registers hold x only until its sum of squares: more
 CTAs an SM, same DRAM traffic, twice the L2 reads.
-Rows X16 (configs.Config.x16 on the rows kernel, 16-bit x): the same for a row tile, whose x
-is otherwise held as FP32 from the load to the store: 64 values a thread cost 64 registers, which
-at 8 warps leaves one CTA an SM (W_REALIGN's w vectors on top: 145 registers).
 Segments X16 (configs.Config.x16, 16-bit x): the other way to halve those registers. x stays in
 registers across the row sync in its loaded 16-bit form (two values a 32-bit register) and is
 converted to FP32 again after it. Written plainly, LLVM merges the second conversion into the
@@ -242,8 +239,7 @@ def rms_norm_shift_weight_kernel(W, WS, N, BLOCK: tl.constexpr, V: tl.constexpr)
 def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                         W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-                         X16: tl.constexpr):
+                         W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -268,8 +264,7 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
         y_start = r64 * N
 
     mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
-    x_raw = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0)
-    x = x_raw.to(tl.float32)
+    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     sumsq = tl.sum(x * x, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -284,8 +279,6 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
     rstd = tl.math.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
-    if X16:  # x held as loaded (16-bit) across the reduction, converted again now
-        x = keep_16_bit(x_raw, X16).to(tl.float32)
     y = x * rstd[:, None]
     if HAS_W:
         if SPLIT and W_REALIGN:
