@@ -81,7 +81,7 @@ def main() -> None:
         rows.append(row)
         gb = n * k * 2 / 1e9
         parts = [f"{key} {val:.1f}" if isinstance(val, float) else f"{key} {val}"
-                 for key, val in row.items() if key.endswith("_us") or key.startswith("splitk") or key.startswith("tile")]
+                 for key, val in row.items() if key.endswith("_us") or key.startswith(("splitk", "tile"))]
         print(f"{name:8s} {args.tokens}x{n}x{k} ({gb * 1e3:.0f} MB/weight, cuBLAS "
               f"{gb / row['cublas_us'] * 1e6 / 1e3:.2f} TB/s): " + ", ".join(parts), flush=True)
         del weights, outs

@@ -97,3 +97,29 @@ def test_a_failing_side_is_recorded():
     assert row["A"]["tok_s"] > 0
     assert "MXKernelUnavailable" in row["B"]["error"]
     assert "agreement" not in row and "speedup" not in row
+
+
+def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
+    # the compiled path's bookkeeping without compiling: torch.compile as identity, and a stand-in
+    # for the wrapper code Inductor would have generated
+    from contextlib import contextmanager
+
+    from tilefly.bench.e2e import picks
+
+    @contextmanager
+    def fake_capture():
+        yield ["def call(args):\n    extern_kernels.mm(a, b, out=c)\n"]
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    monkeypatch.setattr(picks, "capture_code", fake_capture)
+    model = models.build_model("tiny", dtype=torch.float32, device="cpu", seed=0)
+    cache = engine.new_cache(model, 2, 8 + 3)
+    prompts = torch.randint(0, model.config.vocab_size, (2, 8))
+    path = tmp_path / "code_A.py"
+    metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, "max-autotune-no-cudagraphs", runs=1,
+                                capture=2, code_path=str(path))
+    assert metrics["picks"]["aten_gemm_calls"] == 1
+    assert path.read_text().startswith("def call(args):")
+    metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, None, runs=1, capture=2,
+                                code_path=str(tmp_path / "eager.py"))
+    assert "picks" not in metrics and not (tmp_path / "eager.py").exists()   # eager: nothing compiled

@@ -51,8 +51,9 @@ def test_heuristic_picks_a_valid_config_for_every_layout(N, size):
 
 
 # The H200 sweeps' best config per rmsnorm.csv case (rms_fp16_sweep.md, rms_rest_sweep.md; SPLIT rows:
-# BENCHMARKS.md session 14), written out independently of configs.TUNED. fp16 8192x4096 measured rows[4096,2,w=4] at 37.9 us, bf16
-# rows[4096,2,w=16] at 37.8: the two dtypes share the entry, so both cases get the bf16 pick.
+# BENCHMARKS.md session 14), written out independently of configs.TUNED. fp16 8192x4096 measured
+# rows[4096,2,w=4] at 37.9 us, bf16 rows[4096,2,w=16] at 37.8: the two dtypes share the entry, so
+# both cases get the bf16 pick.
 MEASURED_BEST = {
     ("fp16", 8192, 4096): Config("rows", 4096, 2, 16),
     ("fp16", 4096, 8192): Config("rows", 8192, 2, 8),

@@ -9,7 +9,9 @@ Graphs loaded from Inductor's FX graph cache carry no generated code, so which G
 only for fresh compiles: set TORCHINDUCTOR_FX_GRAPH_CACHE=0 to always see it.
 
 Each run writes ``run_<model>_<precision>_c<concurrencies>.json`` (and its .md) into --out;
-``--merge`` joins any number of them into e2e.json / e2e.md / e2e.png.
+``--merge`` joins any number of them into e2e.json / e2e.md / e2e.png. ``--save-code`` also keeps
+each side's generated wrapper code (``code_<model>_<precision>_c<N>_<side>.py``): which kernel every
+GEMM call site got.
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--merge", nargs="+", metavar="FILE.json", help="merge run files into --out/e2e.*")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--save-code", action="store_true",
+                   help="also write each side's Inductor wrapper code (which kernel every GEMM got) into --out")
     p.add_argument("--commit", help="commit to record (default: git rev-parse HEAD)")
     args = p.parse_args(argv)
     if min(args.concurrency) < 1 or args.input_len < 1 or args.output_len < 1:
@@ -83,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
     side_b = dataclasses.replace(SIDE_B, tilefly_ops=tuple(args.b_ops)) if args.b_ops else SIDE_B
 
     env = environment(args.device, args.commit)
+    os.makedirs(args.out, exist_ok=True)
     record = run_ab(args.model, args.precision, args.concurrency, input_len=args.input_len,
                     output_len=args.output_len, device=args.device,
                     compile_mode=None if args.eager else "max-autotune", runs=args.runs,
                     compare_steps=args.compare_steps, tol=args.tol, seed=args.seed,
                     compile_prefill=not args.eager_prefill,
-                    sides=(SIDE_A, side_b))
+                    sides=(SIDE_A, side_b), code_dir=args.out if args.save_code else None)
     record.update(env)
-    os.makedirs(args.out, exist_ok=True)
     name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"
     path = os.path.join(args.out, name + ".json")
     with open(path, "w", encoding="utf-8") as f:

@@ -16,6 +16,7 @@ steps of that row are then different sequences).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 from dataclasses import asdict, dataclass
@@ -118,9 +119,11 @@ def _compile_counters() -> dict[str, int]:
 
 
 def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, compile_mode: str | None,
-             runs: int, capture: int, compile_prefill: bool = True
+             runs: int, capture: int, compile_prefill: bool = True, code_path: str | None = None
              ) -> tuple[dict[str, Any], engine.Generation, engine.Generation]:
-    """(metrics, the fastest timed generation, the capturing warm-up generation) of one side."""
+    """(metrics, the fastest timed generation, the capturing warm-up generation) of one side;
+    ``code_path``: where to write Inductor's generated wrapper code of its graphs (which kernel
+    each GEMM call site got)."""
     batch, input_len = prompts.shape
     compiled = compile_mode is not None
     if compiled:
@@ -139,6 +142,9 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
     if compiled:
         metrics["picks"] = picks.picks(codes)
         metrics.update(compile_stats)
+        if code_path and codes:
+            with open(code_path, "w", encoding="utf-8") as f:
+                f.write("\n\n".join(codes))
     metrics["runs"] = len(timed)
     return metrics, best, warm
 
@@ -147,8 +153,9 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
            output_len: int = 512, device: str = "cuda", compile_mode: str | None = "max-autotune",
            runs: int = 1, compare_steps: int = 4, tol: float = 0.05, seed: int = 0,
            sides: tuple[Side, Side] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
-           compile_prefill: bool = True, log=sys.stderr) -> dict[str, Any]:
-    """Run A and B at each concurrency; returns the run's JSON-ready record (see report.py)."""
+           compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None) -> dict[str, Any]:
+    """Run A and B at each concurrency; returns the run's JSON-ready record (see report.py).
+    ``code_dir``: keep each side's generated wrapper code there, one file per concurrency."""
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed)
     swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend)
     vocab = model.config.vocab_size
@@ -163,8 +170,10 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
         outs = {}
         for side in sides:
             try:
+                code_path = None if code_dir is None else os.path.join(
+                    code_dir, f"code_{model_name}_{precision}_c{batch}_{side.name}.py")
                 metrics, best, warm = run_side(model, cache, side, prompts, output_len, compile_mode, runs,
-                                               compare_steps, compile_prefill)
+                                               compare_steps, compile_prefill, code_path)
                 row[side.name] = metrics
                 outs[side.name] = (best, warm)
                 print(f"[e2e]   {side.name}: {metrics['tok_s']:.1f} tok/s, TPOT {metrics['tpot_ms']:.3f} ms, "

@@ -7,7 +7,8 @@ Providers per mode, timed in this order: ``default`` (PyTorch's own backend sele
 names the backend it reached), ``tilefly`` (default selection inside
 ``tilefly.enabled("attention")``, the router's decision recorded) once that family exists, then
 ``cudnn``, ``flash``, ``efficient`` (each forced with ``sdpa_kernel([SDPBackend.X])``; a backend
-that refuses the case is "n/a" with PyTorch's reason). TFLOP/s: forward 4*B*H*S^2*D, forward+backward 3.5x that; halved when causal."""
+that refuses the case is "n/a" with PyTorch's reason). TFLOP/s: forward 4*B*H*S^2*D,
+forward+backward 3.5x that; halved when causal."""
 from __future__ import annotations
 
 import contextlib

@@ -48,7 +48,6 @@ class Config:
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
     x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
                                # (X16, kernels.py)
-                               # (X16, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -384,7 +383,8 @@ def compile_specs():
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4), 65536)
     add("bf16", ALIGNED, Config("segments", 16384, 1, 4, reload=True), 114688)
     add("fp16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True, reload=True), 65537, has_w=False)
-    # w realigned in registers (sweep.py --new): each element size, packed rows, 16 and 64 values a thread
+    # w realigned in registers (TUNED for FP32 16385, tried elsewhere): each element size, packed
+    # rows, 16 and 64 values a thread
     add("fp16", SPLIT, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True), 4097)
     add("bf16", SPLIT, Config("rows", 8192, 2, 16, row_edges=True, w_realign=True), 8193)
     add("fp16", SPLIT, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True), 16385)

@@ -91,6 +91,14 @@ shifted copies of w, copy k = w[k:] at k * NP (NP = N rounded up to V, so each c
 column`` with 16-byte loads like x; head and tail read copy 0 (= w). Cost: one more launch and
 V * NP elements written per call. Nothing is cached across calls, so a weight changed in place
 (even through .data, which no version counter sees) is always read fresh.
+Realigned weight (W_REALIGN, the rows kernel; configs.Config.w_realign): the same 16-byte w loads
+without copies or a second launch. Each run of V body columns loads the two aligned w vectors it
+straddles (w[j:j+V], w[j+V:j+2V], j a multiple of V) and an inline PTX barrel shift picks
+w[j+c0 : j+c0+V] from their registers (_REALIGN_16/_REALIGN_32). The asm takes V values per
+instance (pack=V), which is one aligned run only if each thread's tile holds whole runs: the CPU
+test checks the TTGIR layout (sizePerThread [1, V]). Needs a 16-byte-aligned w (the launcher
+drops it otherwise). Cost: the second vector and the shift's registers (FP16 rows[16384,1,w=8]:
+145 against 117 with W_SHIFT), so on the H200 it won only FP32 rows (BENCHMARKS.md, session 14).
 Row edges (ROW_EDGES, the rows kernel; configs.Config.row_edges): the [ROWS, 2V] head/tail
 tile takes the rows tile's layout (8 lanes a thread, replicated across the CTA): ~200
 instructions a thread whatever the tile. ROW_EDGES instead handles each row's edges from its
