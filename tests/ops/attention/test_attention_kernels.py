@@ -89,12 +89,16 @@ def test_served_layouts(hopper, case, d):
 
 def test_config_names_and_what_they_serve():
     """Forward configs here; the backward's (also in kernels.CONFIGS) in test_attention_bwd.py."""
-    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p")
+    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p",
+                                          "m128n64w", "m128n128w")
     assert kernels.CONFIGS[:len(configs.FWD_CONFIGS)] == tuple(configs.FWD_CONFIGS)
     for name in configs.FWD_CONFIGS:
         cfg = configs.FWD_CONFIGS[name]
-        assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}"
-        assert cfg.num_warps == cfg.block_m // 16
+        assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}{'w' if cfg.pingpong else ''}"
+        if cfg.pingpong:   # the launch holds consumer warpgroup 0; Q/O boxes are one warpgroup's rows
+            assert cfg.block_m == 128 and cfg.num_warps == 4 and cfg.box_rows == 64 and not cfg.overlap
+        else:
+            assert cfg.num_warps == cfg.block_m // 16 and cfg.box_rows == cfg.block_m
     # Every served head dim has a config, and the defaults serve what they are picked for.
     for d in configs.HEAD_DIMS:
         assert any(cfg.serves(d) for cfg in configs.FWD_CONFIGS.values())
@@ -137,7 +141,8 @@ def test_compile_specs_cover_every_config_dtype_head_dim_and_mask():
 
 
 @pytest.mark.parametrize("cfg,dtype,d,causal", [("m128n64", "bf16", 96, True), ("m64n64", "fp16", 256, False),
-                                                 ("m128n64p", "bf16", 64, True)])
+                                                 ("m128n64p", "bf16", 64, True), ("m128n64w", "bf16", 256, True),
+                                                 ("m128n128w", "fp16", 128, False)])
 def test_a_few_configs_compile_for_sm90a(cfg, dtype, d, causal):
     pytest.importorskip("triton")
     from tilefly.compile_check import compile_one
@@ -147,7 +152,8 @@ def test_a_few_configs_compile_for_sm90a(cfg, dtype, d, causal):
     assert result.local == 0 and result.stack == 0
 
 
-@pytest.mark.parametrize("cfg,d", [("m128n64", 128), ("m128n64p", 128), ("m128n128p", 64)])
+@pytest.mark.parametrize("cfg,d", [("m128n64", 128), ("m128n64p", 128), ("m128n128p", 64), ("m128n128w", 128),
+                                   ("m128n64w", 256)])
 def test_wgmmas_are_not_serialized(cfg, d):
     """ptxas serializes every wgmma of a kernel (warning C7514) when other instructions touch an
     accumulator while its wgmma is in flight: the schedule would silently lose its overlap."""
@@ -157,6 +163,24 @@ def test_wgmmas_are_not_serialized(cfg, d):
     spec = configs.spec(configs.FWD_CONFIGS[cfg], "bf16", d, True)
     report = ptxas_report(spec)
     assert "Used" in report and "C7514" not in report, report
+
+
+def test_pingpong_kernel_partitions_and_barriers():
+    """The warp-specialized kernel's shape in PTX: a loader at 24 registers and consumers raised
+    by setmaxnreg, and every mbarrier arrive made by one thread after its partition's bar.sync
+    (the empty barriers count two arrivals: one per consumer warpgroup, not one per thread)."""
+    pytest.importorskip("triton")
+    from tilefly.compile_check import _compile
+
+    ptx = _compile(configs.spec(configs.FWD_CONFIGS["m128n128w"], "bf16", 128, True)).asm["ptx"]
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
+    assert "mbarrier.init.shared::cta.b64 [%r" in ptx and ", 2;" in ptx    # k_empty / v_empty: count 2
+    lines = ptx.splitlines()
+    arrives = [i for i, line in enumerate(lines) if "mbarrier.arrive.shared" in line and "expect" not in line]
+    assert len(arrives) >= 8
+    for i in arrives:
+        assert lines[i].lstrip().startswith("@%p"), lines[i]                        # predicated: one thread
+        assert any("bar.sync" in line for line in lines[i - 8:i]), lines[i - 8:i + 1]
 
 
 # ---- GPU: forward against float64 ------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Forward configs:
 
-A config is a tile shape and a schedule, ``m<BLOCK_M>n<BLOCK_N>[p]``: BLOCK_M query rows per
+A config is a tile shape and a schedule, ``m<BLOCK_M>n<BLOCK_N>[p|w]``: BLOCK_M query rows per
 program with one warp per 16 rows (m128: two warpgroups, m64: one), BLOCK_N keys per step;
-a trailing ``p`` runs the overlapped schedule (kernels_fwd.py's header). The ring depth
+a trailing ``p`` runs the overlapped schedule (kernels_fwd.py's header), a trailing ``w`` the
+warp-specialized kernel whose two consumer warpgroups take turns on the tensor cores
+(kernels_fwd_ws.py; not yet run on a GPU, so no database entry names it). The ring depth
 follows from the head dim: the deepest (at most MAX_STAGES) whose Q tile and K/V rings fit
 the H200's 227 KB of shared memory per block. A config serves the head dims whose registers
 fit (``max_head_dim``: S, P and the O accumulator per thread; larger would spill, which the
@@ -46,14 +48,23 @@ class FwdConfig:
     block_n: int
     max_head_dim: int
     overlap: bool = False     # softmax of one key tile overlaps the next tile's Q K^T (name ends in "p")
+    pingpong: bool = False    # warp-specialized, two consumer warpgroups in ping-pong (kernels_fwd_ws,
+                              # name ends in "w"; block_m 128)
 
     @property
     def name(self) -> str:
-        return f"m{self.block_m}n{self.block_n}{'p' if self.overlap else ''}"
+        return f"m{self.block_m}n{self.block_n}{'p' if self.overlap else ''}{'w' if self.pingpong else ''}"
 
     @property
     def num_warps(self) -> int:
-        return self.block_m // 16
+        """Warps of the launch: ping-pong kernels launch consumer warpgroup 0's four (the loader
+        warp and warpgroup 1 are warp_specialize workers)."""
+        return 4 if self.pingpong else self.block_m // 16
+
+    @property
+    def box_rows(self) -> int:
+        """Query rows of the Q and O descriptors' boxes: one consumer warpgroup's in ping-pong."""
+        return self.block_m // 2 if self.pingpong else self.block_m
 
     def smem_bytes(self, head_dim: int, stages: int) -> int:
         return (self.block_m + 2 * stages * self.block_n) * head_dim * ELEMENT_BYTES + SMEM_RESERVE
@@ -72,6 +83,8 @@ FWD_CONFIGS: dict[str, FwdConfig] = {c.name: c for c in (
     FwdConfig(64, 64, 256),
     FwdConfig(128, 64, 256, overlap=True),
     FwdConfig(128, 128, 128, overlap=True),
+    FwdConfig(128, 64, 256, pingpong=True),
+    FwdConfig(128, 128, 128, pingpong=True),
 )}
 
 
@@ -136,11 +149,12 @@ def kernel_signature(cfg: FwdConfig, dtype: str, head_dim: int, causal: bool) ->
         layout = gl.NVMMASharedLayout.get_default_for(block, element)
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
-    sig = {"q_desc": desc(cfg.block_m), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
-           "o_desc": desc(cfg.block_m), "lse_ptr": "*fp32", "qk_scale": "fp32",
+    sig = {"q_desc": desc(cfg.box_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
+           "o_desc": desc(cfg.box_rows), "lse_ptr": "*fp32", "qk_scale": "fp32",
            "Sq": "i32", "Sk": "i32", "Hq": "i32", "GROUP": "i32"}
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, STAGES=cfg.stages(head_dim),
-                      CAUSAL=causal, STORE_LSE=True, OVERLAP=cfg.overlap, num_warps=cfg.num_warps)
+                      CAUSAL=causal, STORE_LSE=True, **({} if cfg.pingpong else {"OVERLAP": cfg.overlap}),
+                      num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
 
@@ -151,13 +165,21 @@ def _kernel():
     return kernels_fwd.attention_fwd_kernel
 
 
+def _ws_kernel():
+    from tilefly.ops.attention import kernels_fwd_ws
+
+    return kernels_fwd_ws.attention_fwd_ws_kernel
+
+
 def spec(cfg: FwdConfig, dtype: str, head_dim: int, causal: bool):
     from tilefly.compile_check import KernelSpec
 
     sig, constexprs = kernel_signature(cfg, dtype, head_dim, causal)
+    # ping-pong: the consumers' register budget (setmaxnreg) is the check that they fit
+    must = ("HGMMA", "USETMAXREG") if cfg.pingpong else ("HGMMA",)
     return KernelSpec(name=f"attention.fwd.{cfg.name}[{dtype},d={head_dim},{'causal' if causal else 'full'}]",
-                      kernel=_kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
-                      gluon=True, sass_must_contain=("HGMMA",))
+                      kernel=_ws_kernel if cfg.pingpong else _kernel, signature=sig, constexprs=constexprs,
+                      num_warps=cfg.num_warps, gluon=True, sass_must_contain=must)
 
 
 def compile_specs():

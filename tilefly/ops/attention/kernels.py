@@ -163,14 +163,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     kd = kernel_head_dim(d)
     out, lse = forward_outputs(q, need_lse, out, lse)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    descs = (_descriptor(q, cfg.block_m, kd), _descriptor(k, cfg.block_n, kd), _descriptor(v, cfg.block_n, kd),
-             _descriptor(out, cfg.block_m, kd))
+    descs = (_descriptor(q, cfg.box_rows, kd), _descriptor(k, cfg.block_n, kd), _descriptor(v, cfg.block_n, kd),
+             _descriptor(out, cfg.box_rows, kd))
     grid = (-(-sq // cfg.block_m), b * hq)
+    args = (*descs, lse if need_lse else _no_lse(q.device), scale * LOG2E, sq, sk, hq, hq // hk)
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=kd, STAGES=cfg.stages(kd), CAUSAL=bool(causal),
+                  STORE_LSE=bool(need_lse), num_warps=cfg.num_warps)
     with torch.cuda.device(q.device):
-        attention_fwd_kernel[grid](*descs, lse if need_lse else _no_lse(q.device), scale * LOG2E, sq, sk, hq,
-                                   hq // hk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=kd,
-                                   STAGES=cfg.stages(kd), CAUSAL=bool(causal), STORE_LSE=bool(need_lse),
-                                   OVERLAP=cfg.overlap, num_warps=cfg.num_warps)
+        if cfg.pingpong:
+            from tilefly.ops.attention.kernels_fwd_ws import attention_fwd_ws_kernel
+
+            attention_fwd_ws_kernel[grid](*args, **consts)
+        else:
+            attention_fwd_kernel[grid](*args, OVERLAP=cfg.overlap, **consts)
     return out, lse
 
 

@@ -31,7 +31,8 @@ Layout plan (BLOCK_M query rows x BLOCK_N keys per step, head dim HEAD_DIM = D):
                     retired before the next step; the unmasked and masked tiles run as two
                     loops. Overlapped (OVERLAP=True, configs named ...p): Q K_{j+1}^T is in
                     flight during the softmax of tile j, which holds two S tiles in
-                    registers. No warp specialization or ping-pong yet.
+                    registers. Warp specialization with two consumer warpgroups in ping-pong:
+                    kernels_fwd_ws.py (configs ...w).
     epilogue        O / l cast to the input dtype into Q's shared tile, one TMA store;
                     lse = (m + log2 l) * ln 2 (natural log, FP32) with a row-masked store.
 
