@@ -13,6 +13,7 @@ from attention_standins import (LENGTHS, all_thread_decisions, cuda_inputs as _i
                                 poisoned_outputs, reference as _reference, write_db)
 
 BF16 = torch.bfloat16
+ALL_FWD = {**configs.FWD_CONFIGS, **configs.PINGPONG_CONFIGS}
 
 
 def _cpu(b=2, hq=4, hk=4, sq=64, sk=64, d=64, dtype=BF16):
@@ -89,11 +90,12 @@ def test_served_layouts(hopper, case, d):
 
 def test_config_names_and_what_they_serve():
     """Forward configs here; the backward's (also in kernels.CONFIGS) in test_attention_bwd.py."""
-    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p",
-                                          "m128n64w", "m128n128w")
+    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p")
+    assert tuple(configs.PINGPONG_CONFIGS) == ("m128n64w", "m128n128w")
     assert kernels.CONFIGS[:len(configs.FWD_CONFIGS)] == tuple(configs.FWD_CONFIGS)
-    for name in configs.FWD_CONFIGS:
-        cfg = configs.FWD_CONFIGS[name]
+    assert not set(configs.PINGPONG_CONFIGS) & set(kernels.CONFIGS)       # the tuner does not time them yet
+    assert kernels.config_for("m128n64w", 256, 1000) is configs.PINGPONG_CONFIGS["m128n64w"]
+    for name, cfg in ALL_FWD.items():
         assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}{'w' if cfg.pingpong else ''}"
         if cfg.pingpong:   # the launch holds consumer warpgroup 0; Q/O boxes are one warpgroup's rows
             assert cfg.block_m == 128 and cfg.num_warps == 4 and cfg.box_rows == 64 and not cfg.overlap
@@ -111,7 +113,7 @@ def test_config_names_and_what_they_serve():
 
 def test_padded_head_dims_and_ring_depths():
     assert [configs.kernel_head_dim(d) for d in configs.HEAD_DIMS] == [32, 64, 128, 128, 256, 256]
-    for cfg in configs.FWD_CONFIGS.values():
+    for cfg in ALL_FWD.values():
         for d in (32, 64, 128, 256):
             stages = cfg.stages(d)
             if cfg.serves(d):
@@ -133,7 +135,7 @@ def test_compile_specs_cover_every_config_dtype_head_dim_and_mask():
     specs = [s for s in configs.compile_specs() if s.name.startswith("attention.fwd.")]
     names = [s.name for s in specs]
     assert len(set(names)) == len(names)
-    expected = {(cfg.name, dtype, d, causal) for cfg in configs.FWD_CONFIGS.values() for dtype in ("bf16", "fp16")
+    expected = {(cfg.name, dtype, d, causal) for cfg in ALL_FWD.values() for dtype in ("bf16", "fp16")
                 for d in (32, 64, 128, 256) if cfg.serves(d) for causal in (False, True)}
     got = {(n.split(".")[2].split("[")[0], n.split("[")[1].split(",")[0], s.constexprs["HEAD_DIM"],
             s.constexprs["CAUSAL"]) for n, s in zip(names, specs)}
@@ -147,7 +149,7 @@ def test_a_few_configs_compile_for_sm90a(cfg, dtype, d, causal):
     pytest.importorskip("triton")
     from tilefly.compile_check import compile_one
 
-    result = compile_one(configs.spec(configs.FWD_CONFIGS[cfg], dtype, configs.kernel_head_dim(d), causal))
+    result = compile_one(configs.spec(ALL_FWD[cfg], dtype, configs.kernel_head_dim(d), causal))
     assert result.ok, result.error
     assert result.local == 0 and result.stack == 0
 
@@ -160,7 +162,7 @@ def test_wgmmas_are_not_serialized(cfg, d):
     pytest.importorskip("triton")
     from tilefly.compile_check import ptxas_report
 
-    spec = configs.spec(configs.FWD_CONFIGS[cfg], "bf16", d, True)
+    spec = configs.spec(ALL_FWD[cfg], "bf16", d, True)
     report = ptxas_report(spec)
     assert "Used" in report and "C7514" not in report, report
 
@@ -172,7 +174,7 @@ def test_pingpong_kernel_partitions_and_barriers():
     pytest.importorskip("triton")
     from tilefly.compile_check import _compile
 
-    ptx = _compile(configs.spec(configs.FWD_CONFIGS["m128n128w"], "bf16", 128, True)).asm["ptx"]
+    ptx = _compile(configs.spec(configs.PINGPONG_CONFIGS["m128n128w"], "bf16", 128, True)).asm["ptx"]
     assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
     assert "mbarrier.init.shared::cta.b64 [%r" in ptx and ", 2;" in ptx    # k_empty / v_empty: count 2
     lines = ptx.splitlines()
@@ -212,15 +214,47 @@ def test_forward_fp16(d, causal):
     _check(*_inputs(2, 3, 3, 300, 500, d, torch.float16), causal)
 
 
+EVERY_CONFIG_CASES = [(d, causal, sq, sk) for d in (32, 96, 256) for causal in (False, True)
+                      for sq, sk in ((77, 1000), (1000, 1000), (200, 64))]
+PINGPONG = list(configs.PINGPONG_CONFIGS)
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("sq,sk", [(77, 1000), (1000, 1000), (200, 64)])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [32, 96, 256])
+@pytest.mark.parametrize("d,causal,sq,sk", EVERY_CONFIG_CASES)
 @pytest.mark.parametrize("cfg", list(configs.FWD_CONFIGS))
 def test_every_config(cfg, d, causal, sq, sk):
     if not configs.FWD_CONFIGS[cfg].serves(d):
         pytest.skip(f"{cfg} does not serve head dim {d}")
     _check(*_inputs(2, 2, 2, sq, sk, d), causal, config=cfg)
+
+
+_PINGPONG_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_attention_kernels as t
+for d, causal, sq, sk in t.EVERY_CONFIG_CASES + [(128, True, 1, 1), (64, False, 4096, 4096)]:
+    if t.configs.PINGPONG_CONFIGS[{cfg!r}].serves(d):
+        t._check(*t._inputs(2, 2, 2, sq, sk, d), causal, config={cfg!r})
+        t._check(*t._inputs(1, 4, 2, sq, sk, d, t.torch.float16), causal, config={cfg!r})   # GQA, FP16
+print("pingpong ok")
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cfg", PINGPONG)
+def test_pingpong_configs_under_a_watchdog(cfg):
+    """The warp-specialized kernels' cases of test_every_config (plus GQA, FP16, a single row and
+    long rows) in a child process with a time limit: a barrier protocol that deadlocks fails this
+    test instead of hanging the GPU run."""
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(__file__)
+    proc = subprocess.run([sys.executable, "-c", _PINGPONG_CHILD.format(tests=tests, cfg=cfg)],
+                          capture_output=True, text=True, timeout=300, cwd=tests,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])))
+    assert proc.returncode == 0 and "pingpong ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 @pytest.mark.cuda
