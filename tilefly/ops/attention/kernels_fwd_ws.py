@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import _INTS, _as_a_operand, _rescale, _softmax, key_tiles, query_tile, \
-    store_outputs
+from tilefly.ops.attention.kernels_fwd import _INTS, _as_a_operand, _rescale, _softmax, _tile, key_tiles, \
+    query_tile, store_outputs
 
 WG_ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
 CONSUMER_WARPS = gl.constexpr(4)
@@ -67,13 +67,6 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_
 
 
 @gluon.jit
-def _landed(bufs, ready, j, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    slot = j % STAGES
-    mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-    return bufs.index(slot).reshape([BLOCK_N, HEAD_DIM])
-
-
-@gluon.jit
 def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_empty, v_empty, turn, o_desc, lse_ptr,
               qk_scale, bh, b, h, off_m, Sq, Sk, n_full, n_tiles, W: gl.constexpr, ROWS: gl.constexpr,
               WARPS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
@@ -92,7 +85,7 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_empty, v_empt
 
     # step 0: S_0 only
     mbarrier.wait(turn.index(W), 0)
-    s = warpgroup_mma(q_tile, _landed(k_bufs, k_ready, 0, BLOCK_N, HEAD_DIM, STAGES).permute((1, 0)), s_zero,
+    s = warpgroup_mma(q_tile, _tile(k_bufs, k_ready, 0, BLOCK_N, HEAD_DIM, STAGES).permute((1, 0)), s_zero,
                       use_acc=False, is_async=True)
     mbarrier.arrive(turn.index(1 - W), count=1)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
@@ -101,9 +94,9 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_empty, v_empt
     p = _as_a_operand(p, o, dtype)
     for j in range(1, n_tiles):
         mbarrier.wait(turn.index(W), j & 1)
-        s = warpgroup_mma(q_tile, _landed(k_bufs, k_ready, j, BLOCK_N, HEAD_DIM, STAGES).permute((1, 0)), s_zero,
+        s = warpgroup_mma(q_tile, _tile(k_bufs, k_ready, j, BLOCK_N, HEAD_DIM, STAGES).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
-        o = warpgroup_mma(p, _landed(v_bufs, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES), o, is_async=True)
+        o = warpgroup_mma(p, _tile(v_bufs, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES), o, is_async=True)
         mbarrier.arrive(turn.index(1 - W), count=1)
         s, o = warpgroup_mma_wait(num_outstanding=0, deps=(s, o))
         mbarrier.arrive(k_empty.index(j % STAGES), count=1)
@@ -114,7 +107,7 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_empty, v_empt
     # last step: P_last V_last
     last = n_tiles - 1
     mbarrier.wait(turn.index(W), n_tiles & 1)
-    o = warpgroup_mma(p, _landed(v_bufs, v_ready, last, BLOCK_N, HEAD_DIM, STAGES), o, is_async=True)
+    o = warpgroup_mma(p, _tile(v_bufs, v_ready, last, BLOCK_N, HEAD_DIM, STAGES), o, is_async=True)
     mbarrier.arrive(turn.index(1 - W), count=1)
     o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
     mbarrier.arrive(v_empty.index(last % STAGES), count=1)
