@@ -364,6 +364,37 @@ def test_w_realign_reads_w_in_16_byte_loads_with_one_aligned_run_per_asm_instanc
     assert sass.count("LDG.E.U16 ") + sass.count("LDG.E ") <= 4 * cfg.rows
 
 
+# -- pdl: the rows kernel overlapping w_shift's copies ------------------------------------------------
+
+def test_pdl_is_a_w_shift_switch_of_the_rows_kernel():
+    cfg = Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)
+    assert str(cfg) == "rows[BLOCK_N=16384,ROWS=1,w=8][w-shift][row-edges][pdl]"
+    assert configs.kernel_constexprs(cfg, 16385, 2, SPLIT, True)["W_PDL"] is True
+    for N, layout, has_w in ((16385, SPLIT, False), (16384, ALIGNED, True), (16385, GENERIC, True)):
+        assert configs.kernel_constexprs(cfg, N, 2, layout, has_w)["W_PDL"] is False   # no copies, no wait
+    for bad in (replace(cfg, w_shift=False), Config("chunked", 4096, w_shift=True, pdl=True)):
+        with pytest.raises(ValueError, match="pdl"):
+            configs.validate(bad, 16385, 2, SPLIT)
+    new = configs.new_candidates(16385, 2, SPLIT)
+    assert new and all(c.w_shift and c.row_edges and c.kernel == "rows" for c in new)
+    assert {replace(c, pdl=False) for c in new if c.pdl} == {c for c in new if not c.pdl}
+    for c in new:
+        configs.validate(c, 16385, 2, SPLIT)
+
+
+def test_pdl_kernels_wait_for_and_release_their_dependents_in_ptx():
+    pytest.importorskip("triton")
+    from tilefly.compile_check import _compile
+
+    rows = _compile(configs._spec("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),
+                                  16385)).asm["ptx"]
+    plain = _compile(configs._spec("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True),
+                                   16385)).asm["ptx"]
+    assert "griddepcontrol.wait" in rows and "griddepcontrol" not in plain
+    shift, shift_plain = (_compile(configs._shift_weight_spec("fp16", pdl)).asm["ptx"] for pdl in (True, False))
+    assert "griddepcontrol.launch_dependents" in shift and "griddepcontrol" not in shift_plain
+
+
 # -- x16: 16-bit segments keeping x as loaded across the row sync --------------------------------
 
 @pytest.mark.parametrize("N, layout", [(65536, ALIGNED), (114688, ALIGNED), (262144, ALIGNED), (65537, SPLIT)])

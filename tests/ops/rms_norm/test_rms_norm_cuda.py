@@ -2,6 +2,8 @@
 F.rms_norm and aten::_fused_rms_norm, with every call's dispatch decision recorded so that a
 silent fallback to ATen cannot pass for a success. ``config.force`` is on so small shapes run
 the kernels too."""
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -237,8 +239,9 @@ def test_gradients_through_autograd_match_aten(dtype, N, has_w):
 
 @pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8)),
                                     (4097, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)),
-                                    (65536, Config("segments", 16384, 1, 4, x16=True))],
-                         ids=["rows", "chunked", "segments", "rows-w-shift", "segments-x16"])
+                                    (65536, Config("segments", 16384, 1, 4, x16=True)),
+                                    (16385, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True))],
+                         ids=["rows", "chunked", "segments", "rows-w-shift", "segments-x16", "rows-w-shift-pdl"])
 def test_cuda_graph_capture_and_replay(N, cfg):
     static_x = rand(256, N, dtype=torch.float16)
     w = rand_weight(N, torch.float16)
@@ -324,6 +327,9 @@ LAUNCH_CASES = {
     "rows-split-w-realign-packed": (1001, None, Config("rows", 1024, 4, 4, row_edges=True, w_realign=True)),
     "rows-split-w-realign-long": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)),
     "rows-split-w-realign-no-edges": (8193, None, Config("rows", 8192, 2, 16, w_realign=True)),
+    # the rows kernel as a programmatic dependent of the copies' kernel
+    "rows-split-w-shift-pdl": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
+    "rows-split-w-shift-pdl-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True, pdl=True)),
 }
 
 
@@ -428,9 +434,10 @@ def test_w_shift_sees_a_weight_changed_in_place_between_calls(dtype):
     # version counter records) shows in the next call, cached launch entry or not
     N, M = 4097, 64
     x, w = rand(M, N, dtype=dtype), rand_weight(N, dtype)
-    cfg = Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)
     y, rstd = torch.empty_like(x), torch.empty(M, 1, device="cuda")
-    for change in (None, lambda: w.data.mul_(-1.5), lambda: w.copy_(rand_weight(N, dtype))):
+    for cfg, change in itertools.product((Config("rows", 4096, 1, 4, w_shift=True, row_edges=True),
+                                          Config("rows", 4096, 1, 4, w_shift=True, row_edges=True, pdl=True)),
+                                         (None, lambda: w.data.mul_(-1.5), lambda: w.copy_(rand_weight(N, dtype)))):
         if change is not None:
             change()
         y.fill_(float("nan"))

@@ -45,6 +45,8 @@ class Config:
     row_edges: bool = False    # rows kernel, SPLIT rows: head/tail a row at a time (ROW_EDGES)
     w_realign: bool = False    # rows kernel, SPLIT rows: w from two aligned loads shifted in
                                # registers (W_REALIGN; needs a 16-byte-aligned w, else plain loads)
+    pdl: bool = False          # rows kernel with w_shift: launched as a programmatic dependent of
+                               # the copies' kernel, waiting for them only before reading w (W_PDL)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
     x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
                                # (X16, kernels.py)
@@ -63,6 +65,8 @@ class Config:
             text += "[row-edges]"
         if self.w_realign:
             text += "[w-realign]"
+        if self.pdl:
+            text += "[pdl]"
         if self.reload:
             text += "[reload]"
         if self.x16:
@@ -157,6 +161,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"unknown kernel {config.kernel!r}")
     if config.w_realign and (config.kernel != "rows" or config.w_shift):
         raise ValueError(f"{config}: w_realign is a rows-kernel alternative to w_shift")
+    if config.pdl and (config.kernel != "rows" or not config.w_shift):
+        raise ValueError(f"{config}: pdl overlaps the rows kernel with w_shift's copies")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
@@ -200,9 +206,18 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
-    pick and ATen. None are pending: the last round (kept in ``tried_candidates``) put w_realign
-    into TUNED for FP32 rows of 16385."""
-    return []
+    pick and ATen: SPLIT rows tiles with w_shift and row edges whose kernel overlaps the copies'
+    kernel (pdl), next to the same tiles without it."""
+    if layout != SPLIT or row_block(N, element_size, layout) > 2 * ONE_PASS_MAX_BLOCK:
+        return []
+    block = row_block(N, element_size, layout)
+    out = []
+    for rows in (1, 2):
+        for warps in (4, 8, 16):
+            if rows * block // (32 * warps) in (16, 32, 64) and rows * block <= 32768:
+                tile = Config("rows", block, rows, warps, w_shift=True, row_edges=True)
+                out += [replace(tile, pdl=True), tile]
+    return out
 
 
 def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
@@ -296,7 +311,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
     return {**head, "V": vec(element_size), "ALIGNED": layout == ALIGNED, "SPLIT": layout == SPLIT,
             "HAS_W": has_w, "W_SHIFT": uses_w_shift(config, layout, has_w),
             **({"ROW_EDGES": config.row_edges and layout == SPLIT,
-                "W_REALIGN": config.w_realign and layout == SPLIT and has_w} if config.kernel == "rows" else {}),
+                "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
+                "W_PDL": config.pdl and uses_w_shift(config, layout, has_w)} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -393,20 +409,24 @@ def compile_specs():
     # 16-bit segments that keep x as loaded (x16): TUNED's long rows, a wider variant
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True), 65536)
     add("bf16", ALIGNED, Config("segments", 32768, 1, 16, x16=True), 262144)
+    # the rows kernel waiting for the copies through PDL (sweep.py --new)
+    add("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True), 16385)
+    add("fp32", SPLIT, Config("rows", 4096, 2, 4, w_shift=True, row_edges=True, pdl=True), 4097)
     for dtype in ("fp16", "fp32"):
-        specs.append(_shift_weight_spec(dtype))
+        for pdl in (False, True):
+            specs.append(_shift_weight_spec(dtype, pdl))
     return specs
 
 
-def _shift_weight_spec(dtype: str):
+def _shift_weight_spec(dtype: str, pdl: bool = False):
     from tilefly.compile_check import KernelSpec
 
     ptr = _TRITON_DTYPE[dtype]
-    consts = {"BLOCK": 1024, "V": vec(_ELEMENT_SIZE[dtype])}
-    return KernelSpec(f"rms_norm.shift_weight[{dtype}]",
+    consts = {"BLOCK": 1024, "V": vec(_ELEMENT_SIZE[dtype]), "PDL": pdl}
+    return KernelSpec(f"rms_norm.shift_weight[{dtype}{',pdl' if pdl else ''}]",
                       functools.partial(_kernel, "rms_norm_shift_weight_kernel"),
-                      {"W": ptr, "WS": ptr, "N": "i32", "BLOCK": "constexpr", "V": "constexpr"}, consts,
-                      attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1)}, num_warps=4, num_stages=1)
+                      {"W": ptr, "WS": ptr, "N": "i32", "BLOCK": "constexpr", "V": "constexpr", "PDL": "constexpr"},
+                      consts, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1)}, num_warps=4, num_stages=1)
 
 
 def _interpreter_case(dtype_name: str, M: int, N: int, has_w: bool, config: Config | None,
@@ -504,6 +524,8 @@ def interpreter_checks():
     for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True)),
                              ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True))):
         cases.append((f"rows-w-realign[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
+    cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
+                  ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",
                   ("fp16", 3, 1001, False, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True))))
     cases.append(("w-shift-strided[fp16,N=100,stride=131]",

@@ -166,10 +166,11 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
         args[1] = _shifted_weight(w, N, v)
         shift = Entry()
         shift.programs = -(-args[1].numel() // v // SHIFT_BLOCK)
+        pdl = bool(constexprs.get("W_PDL", False))
         compiled_shift = kernels.rms_norm_shift_weight_kernel[(shift.programs,)](
-            w, args[1], N, BLOCK=SHIFT_BLOCK, V=v, num_warps=4)
+            w, args[1], N, BLOCK=SHIFT_BLOCK, V=v, PDL=pdl, num_warps=4)
         if x.is_cuda and hasattr(compiled_shift, "packed_metadata"):
-            _fill(shift, compiled_shift, (SHIFT_BLOCK, v))
+            _fill(shift, compiled_shift, (SHIFT_BLOCK, v, pdl))
             entry.shift = shift
     if cfg_.kernel == "rows":
         kernel = kernels.rms_norm_rows_kernel
@@ -182,6 +183,8 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
         args += _workspace(x, M, entry.segments)
     launch = kernel[(entry.grid(M),)]
     options = dict(num_warps=cfg_.num_warps, num_stages=cfg_.stages, **constexprs)
+    if constexprs.get("W_PDL") and x.is_cuda:  # a programmatic dependent of the copies' kernel
+        options["launch_pdl"] = True
     if cfg_.kernel == "segments" and not x.is_cuda:
         # The interpreter runs programs one after another; this kernel's programs wait for each other.
         from tilefly.ops.rms_norm.concurrent_interpreter import concurrent_programs
