@@ -108,7 +108,8 @@ def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
 
     @contextmanager
     def fake_capture():
-        yield ["def call(args):\n    extern_kernels.mm(a, b, out=c)\n"]
+        yield ["def call(args):\n    extern_kernels.mm(a, b, out=c)\n    triton_tem_fused_mm_0.run(a, d, c)\n"
+               "    triton_tem_fused_mm_0.run(e, d, f)\n    extern_kernels.tilefly_mm_splitk128x8x128_s6_w4_k16_v1(a, b, g)\n"]
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     monkeypatch.setattr(picks, "capture_code", fake_capture)
@@ -118,7 +119,10 @@ def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
     path = tmp_path / "code_A.py"
     metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, "max-autotune-no-cudagraphs", runs=1,
                                 capture=2, code_path=str(path))
-    assert metrics["picks"]["aten_gemm_calls"] == 1
+    assert metrics["picks"] == {"captured": 1, "tilefly": {"tilefly_mm_splitk128x8x128_s6_w4_k16_v1": 1},
+                                "triton_templates": 1, "triton_template_calls": 2, "aten_gemm_calls": 1}
+    assert picks.describe(metrics["picks"]) == ("tilefly tilefly_mm_splitk128x8x128_s6_w4_k16_v1 x1; "
+                                                "Triton templates 1 (2 calls); ATen calls 1")
     assert path.read_text().startswith("def call(args):")
     metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, None, runs=1, capture=2,
                                 code_path=str(tmp_path / "eager.py"))

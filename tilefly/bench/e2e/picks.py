@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 TILEFLY_CALL = re.compile(r"\b(tilefly_[A-Za-z0-9_]+?_v\d+)\b")
 TRITON_TEMPLATE = re.compile(r"\btriton_tem_\w+")
+TRITON_TEMPLATE_CALL = re.compile(r"\btriton_tem_\w+\.run\(")
 ATEN_GEMM = re.compile(r"\bextern_kernels\.(mm|addmm|bmm|_scaled_mm|scaled_mm)\(")
 
 
@@ -31,13 +32,14 @@ def capture_code() -> Iterator[list[str]]:
 
 def picks(codes: list[str]) -> dict[str, Any]:
     """GEMM call sites per kind over the captured code: tilefly configs by name, Triton template
-    kernels (distinct definitions) and ATen extern calls."""
+    kernels (distinct definitions, and their launches) and ATen extern calls."""
     if not codes:
         return {"captured": 0, "note": "no generated code captured (graphs loaded from the FX graph cache?)"}
     text = "\n".join(codes)
     tilefly = Counter(TILEFLY_CALL.findall(text))
     return {"captured": len(codes), "tilefly": dict(tilefly),
             "triton_templates": len(set(TRITON_TEMPLATE.findall(text))),
+            "triton_template_calls": len(TRITON_TEMPLATE_CALL.findall(text)),
             "aten_gemm_calls": len(ATEN_GEMM.findall(text))}
 
 
@@ -45,4 +47,6 @@ def describe(p: dict[str, Any]) -> str:
     if not p.get("captured"):
         return p.get("note", "")
     won = ", ".join(f"{name} x{n}" for name, n in sorted(p["tilefly"].items())) or "none"
-    return f"tilefly {won}; Triton templates {p['triton_templates']}; ATen calls {p['aten_gemm_calls']}"
+    calls = p.get("triton_template_calls")
+    templates = f"{p['triton_templates']}" + ("" if calls is None else f" ({calls} calls)")
+    return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}"
