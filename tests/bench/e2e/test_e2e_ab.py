@@ -108,8 +108,9 @@ def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
 
     @contextmanager
     def fake_capture():
-        yield ["def call(args):\n    extern_kernels.mm(a, b, out=c)\n    triton_tem_fused_mm_0.run(a, d, c)\n"
-               "    triton_tem_fused_mm_0.run(e, d, f)\n    extern_kernels.tilefly_mm_splitk128x8x128_s6_w4_k16_v1(a, b, g)\n"]
+        yield ["def call(args):\n    extern_kernels.mm(a, b, out=c)\n"
+               "    triton_tem_fused_mm_0.run(a, d, c)\n    triton_tem_fused_mm_0.run(e, d, f)\n"
+               "    extern_kernels.tilefly_mm_splitk128x8x128_s6_w4_k16_v1(a, b, g)\n"]
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     monkeypatch.setattr(picks, "capture_code", fake_capture)

@@ -6,8 +6,8 @@ A config is a tile shape and a schedule, ``m<BLOCK_M>n<BLOCK_N>[p|w]``: BLOCK_M 
 program with one warp per 16 rows (m128: two warpgroups, m64: one), BLOCK_N keys per step;
 a trailing ``p`` runs the overlapped schedule (kernels_fwd.py's header), a trailing ``w`` the
 warp-specialized kernel whose two consumer warpgroups take turns on the tensor cores
-(kernels_fwd_ws.py; PINGPONG_CONFIGS, kept out of the tuner until they have run on a GPU). The ring depth
-follows from the head dim: the deepest (at most MAX_STAGES) whose Q tile and K/V rings fit
+(kernels_fwd_ws.py; PINGPONG_CONFIGS, kept out of the tuner until they have run on a GPU). The
+ring depth follows from the head dim: the deepest (at most MAX_STAGES) whose Q tile and K/V rings fit
 the H200's 227 KB of shared memory per block. A config serves the head dims whose registers
 fit (``max_head_dim``: S, P and the O accumulator per thread; larger would spill, which the
 compile check refuses).
@@ -180,7 +180,7 @@ def spec(cfg: FwdConfig, dtype: str, head_dim: int, causal: bool):
     from tilefly.compile_check import KernelSpec
 
     sig, constexprs = kernel_signature(cfg, dtype, head_dim, causal)
-    # ping-pong: the consumers' register budget (setmaxnreg) is the check that they fit
+    # ping-pong: the SASS must carry the partitions' register split (setmaxnreg)
     must = ("HGMMA", "USETMAXREG") if cfg.pingpong else ("HGMMA",)
     return KernelSpec(name=f"attention.fwd.{cfg.name}[{dtype},d={head_dim},{'causal' if causal else 'full'}]",
                       kernel=_ws_kernel if cfg.pingpong else _kernel, signature=sig, constexprs=constexprs,

@@ -44,8 +44,8 @@ import torch
 from tilefly import _device
 from tilefly.ops.attention.configs import BWD512_CONFIG_NAMES, FWD512_CONFIG_NAMES
 from tilefly.ops.attention.configs import (BWD_CONFIGS, CONFIGS, FWD_CONFIGS,  # noqa: F401 - CONFIGS
-                                           PINGPONG_CONFIGS, HEAD_DIMS, BwdConfig, FwdConfig, default_bwd_config, default_config,
-                                           delta_blocks, dkdv_chunk, kernel_head_dim)
+                                           HEAD_DIMS, PINGPONG_CONFIGS, BwdConfig, FwdConfig, default_bwd_config,
+                                           default_config, delta_blocks, dkdv_chunk, kernel_head_dim)
 
 DTYPES = (torch.float16, torch.bfloat16)
 TMA_ALIGN = 16
