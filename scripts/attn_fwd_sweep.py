@@ -42,8 +42,8 @@ def main():
     ap.add_argument("--cases", help="comma-separated attention.csv indices (default: all below head dim 512)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    names = args.configs.split(",") if args.configs else [*attn_configs.FWD_CONFIGS, *attn_configs.PINGPONG_CONFIGS]
-    every = {**attn_configs.FWD_CONFIGS, **attn_configs.PINGPONG_CONFIGS}
+    every = attn_configs.ALL_FWD_CONFIGS
+    names = args.configs.split(",") if args.configs else list(every)
     wanted = {int(x) for x in args.cases.split(",")} if args.cases else None
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {POLICY.describe()}", flush=True)
     rows = []

@@ -70,3 +70,13 @@ def mainloop_consumer(a_bufs, b_bufs, ready, empty, first_item, k_iters, acc,
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(empty.index((first_item + k_iters + STAGES - 1) % STAGES), count=1, pred=k_iters > 0)
     return acc
+
+
+@gluon.jit
+def as_a_operand(x, acc_layout: gl.constexpr, dtype: gl.constexpr):
+    """An FP32 accumulator tile ``x`` (attention's P or dS) cast to ``dtype`` as the register A
+    operand of a wgmma into an accumulator laid out as ``acc_layout``. Where both accumulators
+    keep warps along M only, each thread already holds its rows and the move needs no shared
+    memory; otherwise (head dim 512's column-split warpgroups) it goes through shared scratch.
+    The layout, not the accumulator, is passed: an accumulator in flight has no layout yet."""
+    return gl.convert_layout(x.to(dtype), gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))

@@ -13,7 +13,7 @@ from attention_standins import (LENGTHS, all_thread_decisions, cuda_inputs as _i
                                 poisoned_outputs, reference as _reference, write_db)
 
 BF16 = torch.bfloat16
-ALL_FWD = {**configs.FWD_CONFIGS, **configs.PINGPONG_CONFIGS}
+ALL_FWD = configs.ALL_FWD_CONFIGS
 
 
 def _cpu(b=2, hq=4, hk=4, sq=64, sk=64, d=64, dtype=BF16):

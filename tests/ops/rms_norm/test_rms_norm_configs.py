@@ -280,17 +280,10 @@ def test_w_shift_applies_to_split_rows_with_a_weight_only():
 def _sass(spec):
     import tempfile
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from tilefly.compile_check import _compile, _tool
 
-    from tilefly.compile_check import _tool
-
-    src = ASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
+        f.write(_compile(spec).asm["cubin"])
         f.flush()
         return subprocess.run([_tool("cuobjdump"), "-sass", f.name],
                               capture_output=True, text=True, check=True).stdout
@@ -342,14 +335,10 @@ def test_w_realign_reads_w_in_16_byte_loads_with_one_aligned_run_per_asm_instanc
     pytest.importorskip("triton")
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from tilefly.compile_check import _compile
 
     spec = configs._spec(dtype, SPLIT, cfg, N)
-    src = ASTSource(spec.kernel(), spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs))
-    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": spec.num_warps, "num_stages": 1}).asm["ttgir"]
+    ttgir = _compile(spec).asm["ttgir"]
     layouts = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\]", ttgir, re.M))
     asm_layouts = re.findall(r"elementwise_inline_asm.*?-> tensor<[^>]*?(#\w+)>", ttgir)
     assert asm_layouts, "no inline asm in the kernel"

@@ -91,6 +91,7 @@ PINGPONG_CONFIGS: dict[str, FwdConfig] = {c.name: c for c in (
     FwdConfig(128, 64, 256, pingpong=True),
     FwdConfig(128, 128, 128, pingpong=True),
 )}
+ALL_FWD_CONFIGS: dict[str, FwdConfig] = {**FWD_CONFIGS, **PINGPONG_CONFIGS}   # every name forward() takes
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def compile_specs():
     from tilefly.ops.attention import kernels_bwd512, kernels_fwd512
 
     kernel_dims = sorted({kernel_head_dim(d) for d in HEAD_DIMS})
-    fwd = [spec(cfg, dtype, d, causal) for cfg in (*FWD_CONFIGS.values(), *PINGPONG_CONFIGS.values())
+    fwd = [spec(cfg, dtype, d, causal) for cfg in ALL_FWD_CONFIGS.values()
            for dtype in DTYPES for d in kernel_dims if cfg.serves(d) for causal in (False, True)]
     return fwd + kernels_fwd512.compile_specs() + bwd_compile_specs() + kernels_bwd512.compile_specs()
 

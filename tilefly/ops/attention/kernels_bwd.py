@@ -69,6 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
+from tilefly.gluon.wgmma import as_a_operand
 from tilefly.ops.attention.kernels_fwd import _load, _tile, key_tiles, prefetch_kv, query_tile
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -97,13 +98,6 @@ def attention_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, Sq, H, HEAD_DIM, o_sb, 
 
 
 # ---- shared pieces ----------------------------------------------------------------------------
-
-@gluon.jit
-def _as_a_operand(x, acc, dtype: gl.constexpr):
-    """An FP32 accumulator tile cast to ``dtype`` as the register A operand of a product into
-    ``acc``: same rows per thread, so no shared memory."""
-    return gl.convert_layout(x.to(dtype), gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2))
-
 
 @gluon.jit
 def _row_stats(lse_ptr, delta_ptr, bhq, idx, Sq):
@@ -210,7 +204,7 @@ def attention_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc,
             if off_m < off_n + BLOCK_N:   # the tile reaches above the diagonal (uniform branch)
                 pt = gl.where(keys[:, None] <= cols[None, :], pt, 0.0)
 
-        dv = warpgroup_mma(_as_a_operand(pt, dv, dtype), _chunk(do_bufs, base + own, BLOCK_M, CHUNK), dv,
+        dv = warpgroup_mma(as_a_operand(pt, kv_layout, dtype), _chunk(do_bufs, base + own, BLOCK_M, CHUNK), dv,
                            is_async=True)
         dpt = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         for c in gl.static_range(NCHUNK):
@@ -219,7 +213,7 @@ def attention_bwd_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc,
                                 is_async=True)
         dv, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
         dst = pt * (dpt - delta[None, :])
-        dk = warpgroup_mma(_as_a_operand(dst, dk, dtype), _chunk(q_bufs, base + own, BLOCK_M, CHUNK), dk,
+        dk = warpgroup_mma(as_a_operand(dst, kv_layout, dtype), _chunk(q_bufs, base + own, BLOCK_M, CHUNK), dk,
                            is_async=True)
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
         # Every wgmma reading slot t retired: it may take item t + STAGES.
@@ -285,7 +279,7 @@ def attention_bwd_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, d
                 keep = keep & (cols[None, :] <= rows[:, None])
             p = gl.where(keep, p, 0.0)
         ds = p * (dp - delta[:, None])
-        dq = warpgroup_mma(_as_a_operand(ds, dq, dtype), k_tile, dq, is_async=True)
+        dq = warpgroup_mma(as_a_operand(ds, dq_layout, dtype), k_tile, dq, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
         _load(k_desc, k_bufs, k_ready, j + STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
         _load(v_desc, v_bufs, v_ready, j + STAGES, n_tiles, b, hk, BLOCK_N, STAGES)

@@ -48,6 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
+from tilefly.gluon.wgmma import as_a_operand
 
 LN2 = gl.constexpr(0.6931471805599453)
 # Sizes vary per call; keeping them unspecialized means one binary per (config, dtype, D, causal).
@@ -146,26 +147,20 @@ def _rescale(o, alpha):
 
 
 @gluon.jit
-def _as_a_operand(p, o, dtype: gl.constexpr):
-    """P in registers as the A operand of P V: the S accumulator's rows are this thread's rows of
-    the O accumulator, so the move needs no shared memory."""
-    return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o.type.layout, k_width=2))
-
-
-@gluon.jit
 def _attend(q_tile, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, o, m_i, l_i, lo, hi, n_tiles,
             b, hk, off_m, Sk, qk_scale,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
             MASKED: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     """Serial schedule: key tiles lo..hi-1 into the running (o, m_i, l_i), each wgmma retired
     before the next step; MASKED applies the Sk and causal masks."""
+    o_layout: gl.constexpr = o.type.layout
     for j in range(lo, hi):
         s = _issue_qk(q_tile, k_bufs, k_ready, j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, MASKED, j, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, CAUSAL)
         o = _rescale(o, alpha)
         v_tile = _tile(v_bufs, v_ready, j, BLOCK_N, HEAD_DIM, STAGES)
-        o = warpgroup_mma(_as_a_operand(p, o, k_desc.dtype), v_tile, o, is_async=True)
+        o = warpgroup_mma(as_a_operand(p, o_layout, k_desc.dtype), v_tile, o, is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
         # Both wgmmas reading slot j have retired (in every warpgroup, after the CTA barrier
         # Triton places before the refill): it may take tile j + STAGES.
@@ -183,6 +178,7 @@ def _attend_overlapped(q_tile, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready,
     the softmax of S_j; P_j V_j then retires together with it. Every wgmma has retired at the
     end of a step, so no accumulator is in flight across the loop's back edge (ptxas would
     serialize all wgmmas otherwise: its C7514 warning). Costs one more live S tile of registers."""
+    o_layout: gl.constexpr = o.type.layout
     s = _issue_qk(q_tile, k_bufs, k_ready, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     _load(k_desc, k_bufs, k_ready, STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
@@ -191,7 +187,7 @@ def _attend_overlapped(q_tile, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready,
         nxt = gl.minimum(j + 1, n_tiles - 1)    # the last step re-reads its own tile; discarded
         s_next = _issue_qk(q_tile, k_bufs, k_ready, nxt, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j >= n_full, j, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, CAUSAL)
-        p = _as_a_operand(p, o, k_desc.dtype)
+        p = as_a_operand(p, o_layout, k_desc.dtype)
         o = _rescale(o, alpha)
         v_tile = _tile(v_bufs, v_ready, j, BLOCK_N, HEAD_DIM, STAGES)
         o = warpgroup_mma(p, v_tile, o, is_async=True)

@@ -62,6 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
+from tilefly.gluon.wgmma import as_a_operand
 from tilefly.ops.attention.kernels_fwd import (_load, _rescale, _softmax, _tile, key_tiles, prefetch_kv,
                                               query_tile, store_outputs)
 
@@ -102,13 +103,6 @@ def _qk(q_chunks, k_chunks, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
 
 
 @gluon.jit
-def _p_operand(p, o_layout: gl.constexpr, dtype: gl.constexpr):
-    """P as the register A operand of P V, through shared scratch (the warpgroups split S's
-    columns: header, softmax)."""
-    return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-
-
-@gluon.jit
 def _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_ready, o, m_i, l_i,
                n_full, n_tiles, b, hk, off_m, Sk, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -124,7 +118,7 @@ def _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_re
     s = _qk(q_chunks, k_chunks, k_ready, 0, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES, s_layout)
     _load(k_desc, k_bufs, k_ready, STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0 >= n_full, 0, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N, CAUSAL)
-    p = _p_operand(p, o_layout, k_desc.dtype)      # o is still zero: alpha_0 has nothing to rescale
+    p = as_a_operand(p, o_layout, k_desc.dtype)      # o is still zero: alpha_0 has nothing to rescale
     for j in range(1, n_tiles):
         s = _qk(q_chunks, k_chunks, k_ready, j, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES, s_layout)
         _load(k_desc, k_bufs, k_ready, j + STAGES, n_tiles, b, hk, BLOCK_N, STAGES)
@@ -132,7 +126,7 @@ def _attend512(q_chunks, k_desc, v_desc, k_bufs, k_chunks, v_bufs, k_ready, v_re
         o = warpgroup_mma(p, v_tile, o, is_async=True)
         p_next, alpha, m_i, l_i = _softmax(s, m_i, l_i, j >= n_full, j, off_m, Sk, qk_scale, BLOCK_M, BLOCK_N,
                                            CAUSAL)
-        p_next = _p_operand(p_next, o_layout, k_desc.dtype)
+        p_next = as_a_operand(p_next, o_layout, k_desc.dtype)    # through shared scratch here (header)
         o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         o = _rescale(o, alpha)
         # Value tile j-1 is read: its slot takes tile j-1+STAGES during the next Q K^T.

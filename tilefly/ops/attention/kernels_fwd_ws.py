@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.tma_ring import alloc_barriers
-from tilefly.ops.attention.kernels_fwd import _INTS, _as_a_operand, _rescale, _softmax, _tile, key_tiles, \
-    query_tile, store_outputs
+from tilefly.gluon.wgmma import as_a_operand
+from tilefly.ops.attention.kernels_fwd import _INTS, _rescale, _softmax, _tile, key_tiles, query_tile, store_outputs
 
 WG_ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
 CONSUMER_WARPS = gl.constexpr(4)
@@ -91,7 +91,7 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_empty, v_empt
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, n_full == 0, 0, rows_m, Sk, qk_scale, ROWS, BLOCK_N, CAUSAL)
-    p = _as_a_operand(p, o, dtype)
+    p = as_a_operand(p, o_layout, dtype)
     for j in range(1, n_tiles):
         mbarrier.wait(turn.index(W), j & 1)
         s = warpgroup_mma(q_tile, _tile(k_bufs, k_ready, j, BLOCK_N, HEAD_DIM, STAGES).permute((1, 0)), s_zero,
@@ -103,7 +103,7 @@ def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_empty, v_empt
         mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j >= n_full, j, rows_m, Sk, qk_scale, ROWS, BLOCK_N, CAUSAL)
         o = _rescale(o, alpha)
-        p = _as_a_operand(p, o, dtype)
+        p = as_a_operand(p, o_layout, dtype)
     # last step: P_last V_last
     last = n_tiles - 1
     mbarrier.wait(turn.index(W), n_tiles & 1)
