@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--cases", help="comma-separated attention.csv indices (default: all below head dim 512)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    every = attn_configs.ALL_FWD_CONFIGS
+    every = attn_configs.FWD_CONFIGS
     names = args.configs.split(",") if args.configs else list(every)
     wanted = {int(x) for x in args.cases.split(",")} if args.cases else None
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {POLICY.describe()}", flush=True)

@@ -13,7 +13,7 @@ from attention_standins import (LENGTHS, all_thread_decisions, cuda_inputs as _i
                                 poisoned_outputs, reference as _reference, write_db)
 
 BF16 = torch.bfloat16
-ALL_FWD = configs.ALL_FWD_CONFIGS
+ALL_FWD = configs.FWD_CONFIGS
 
 
 def _cpu(b=2, hq=4, hk=4, sq=64, sk=64, d=64, dtype=BF16):
@@ -90,11 +90,14 @@ def test_served_layouts(hopper, case, d):
 
 def test_config_names_and_what_they_serve():
     """Forward configs here; the backward's (also in kernels.CONFIGS) in test_attention_bwd.py."""
-    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p")
-    assert tuple(configs.PINGPONG_CONFIGS) == ("m128n64w", "m128n128w")
-    assert kernels.CONFIGS[:len(configs.FWD_CONFIGS)] == tuple(configs.FWD_CONFIGS)
-    assert not set(configs.PINGPONG_CONFIGS) & set(kernels.CONFIGS)       # the tuner does not time them yet
-    assert kernels.config_for("m128n64w", 256, 1000) is configs.PINGPONG_CONFIGS["m128n64w"]
+    assert tuple(configs.FWD_CONFIGS) == ("m128n64", "m128n128", "m64n64", "m128n64p", "m128n128p",
+                                          "m128n64w", "m128n128w")
+    assert kernels.CONFIGS[:len(configs.FWD_CONFIGS)] == tuple(configs.FWD_CONFIGS)   # the tuner times them all
+    assert kernels.config_for("m128n64w", 256, 1000) is configs.FWD_CONFIGS["m128n64w"]
+    # Defaults: ping-pong from head dim 96 on, one warpgroup for short query runs.
+    assert [kernels.config_for(None, d, 4096).name for d in (32, 64, 96, 128, 192, 256)] == \
+        ["m128n128", "m128n128", "m128n128w", "m128n128w", "m128n64w", "m128n64w"]
+    assert kernels.config_for(None, 128, 64).name == "m64n64"
     for name, cfg in ALL_FWD.items():
         assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}{'w' if cfg.pingpong else ''}"
         if cfg.pingpong:   # the launch holds consumer warpgroup 0; Q/O boxes are one warpgroup's rows
@@ -174,7 +177,7 @@ def test_pingpong_kernel_partitions_and_barriers():
     pytest.importorskip("triton")
     from tilefly.compile_check import _compile
 
-    ptx = _compile(configs.spec(configs.PINGPONG_CONFIGS["m128n128w"], "bf16", 128, True)).asm["ptx"]
+    ptx = _compile(configs.spec(configs.FWD_CONFIGS["m128n128w"], "bf16", 128, True)).asm["ptx"]
     assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
     assert "mbarrier.init.shared::cta.b64 [%r" in ptx and ", 2;" in ptx    # k_empty / v_empty: count 2
     lines = ptx.splitlines()
@@ -216,12 +219,12 @@ def test_forward_fp16(d, causal):
 
 EVERY_CONFIG_CASES = [(d, causal, sq, sk) for d in (32, 96, 256) for causal in (False, True)
                       for sq, sk in ((77, 1000), (1000, 1000), (200, 64))]
-PINGPONG = list(configs.PINGPONG_CONFIGS)
+PINGPONG = [name for name, cfg in configs.FWD_CONFIGS.items() if cfg.pingpong]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("d,causal,sq,sk", EVERY_CONFIG_CASES)
-@pytest.mark.parametrize("cfg", list(configs.FWD_CONFIGS))
+@pytest.mark.parametrize("cfg", [name for name in configs.FWD_CONFIGS if name not in PINGPONG])  # those: below
 def test_every_config(cfg, d, causal, sq, sk):
     if not configs.FWD_CONFIGS[cfg].serves(d):
         pytest.skip(f"{cfg} does not serve head dim {d}")
@@ -233,7 +236,7 @@ import sys
 sys.path.insert(0, {tests!r})
 import test_attention_kernels as t
 for d, causal, sq, sk in t.EVERY_CONFIG_CASES + [(128, True, 1, 1), (64, False, 4096, 4096)]:
-    if t.configs.PINGPONG_CONFIGS[{cfg!r}].serves(d):
+    if t.configs.FWD_CONFIGS[{cfg!r}].serves(d):
         t._check(*t._inputs(2, 2, 2, sq, sk, d), causal, config={cfg!r})
         t._check(*t._inputs(1, 4, 2, sq, sk, d, t.torch.float16), causal, config={cfg!r})   # GQA, FP16
 print("pingpong ok")

@@ -22,10 +22,11 @@ def test_grids_cover_the_issue_and_stay_small():
     assert tuner.Workload("bf16", 64, False, False, 1, 1024).shape[0] == 16
 
 
-def test_the_ship_grid_covers_every_head_dim_of_the_benchmark_in_bf16():
+def test_the_ship_grid_covers_every_head_dim_of_the_benchmark_in_both_dtypes():
     ship = tuner.grid("ship")
-    assert len(ship) == 140 and set(ship) <= set(tuner.grid("full"))
-    assert {w.head_dim for w in ship} == {32, 64, 96, 128, 192, 256, 512} and {w.dtype for w in ship} == {"bf16"}
+    assert len(ship) == 280 and set(ship) <= set(tuner.grid("full"))
+    assert {w.head_dim for w in ship} == {32, 64, 96, 128, 192, 256, 512} and {w.dtype for w in ship} == {"bf16", "fp16"}
+    assert [w.dtype for w in ship[:140]] == ["bf16"] * 140     # BF16 (the benchmark's) first: a time-limited call has it
     # Every attention-suite length has its own bin (a lookup takes the bin at or below).
     assert {w.sq for w in ship} >= {1024, 2048, 4096, 8192}
     assert tuner._parser().parse_args(["--quick"]).grid == "quick"

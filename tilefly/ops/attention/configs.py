@@ -6,7 +6,7 @@ A config is a tile shape and a schedule, ``m<BLOCK_M>n<BLOCK_N>[p|w]``: BLOCK_M 
 program with one warp per 16 rows (m128: two warpgroups, m64: one), BLOCK_N keys per step;
 a trailing ``p`` runs the overlapped schedule (kernels_fwd.py's header), a trailing ``w`` the
 warp-specialized kernel whose two consumer warpgroups take turns on the tensor cores
-(kernels_fwd_ws.py; PINGPONG_CONFIGS, kept out of the tuner until they have run on a GPU). The
+(kernels_fwd_ws.py). The
 ring depth follows from the head dim: the deepest (at most MAX_STAGES) whose Q tile and K/V rings fit
 the H200's 227 KB of shared memory per block. A config serves the head dims whose registers
 fit (``max_head_dim``: S, P and the O accumulator per thread; larger would spill, which the
@@ -83,15 +83,9 @@ FWD_CONFIGS: dict[str, FwdConfig] = {c.name: c for c in (
     FwdConfig(64, 64, 256),
     FwdConfig(128, 64, 256, overlap=True),
     FwdConfig(128, 128, 128, overlap=True),
-)}
-# Not yet run on a GPU: compiled in CI and checked on the GPU under a watchdog
-# (test_attention_kernels), but neither timed by the tuner nor named by a database (so not in
-# CONFIGS) until they pass there. kernels.forward takes them by name.
-PINGPONG_CONFIGS: dict[str, FwdConfig] = {c.name: c for c in (
     FwdConfig(128, 64, 256, pingpong=True),
     FwdConfig(128, 128, 128, pingpong=True),
 )}
-ALL_FWD_CONFIGS: dict[str, FwdConfig] = {**FWD_CONFIGS, **PINGPONG_CONFIGS}   # every name forward() takes
 
 
 @dataclass(frozen=True)
@@ -128,11 +122,15 @@ CONFIGS = tuple(FWD_CONFIGS) + FWD512_CONFIG_NAMES + tuple(BWD_CONFIGS) + BWD512
 
 
 def default_config(head_dim: int, sq: int) -> FwdConfig:
-    """The config used when the caller names none: one warpgroup for short query runs (fewer
-    idle rows), two otherwise; wide key steps while the O accumulator leaves room."""
+    """The config used when the caller (or the database) names none: one warpgroup for short
+    query runs (fewer idle rows), two otherwise, in ping-pong from head dim 96 on (where the H200
+    sweep of BENCHMARKS.md, session 15, has them fastest); wide key steps while the O
+    accumulator leaves room."""
     if sq <= 64:
         return FWD_CONFIGS["m64n64"]
-    return FWD_CONFIGS["m128n128"] if head_dim <= 128 else FWD_CONFIGS["m128n64"]
+    if head_dim <= 64:
+        return FWD_CONFIGS["m128n128"]
+    return FWD_CONFIGS["m128n128w"] if head_dim <= 128 else FWD_CONFIGS["m128n64w"]
 
 
 def default_bwd_config(head_dim: int, sk: int) -> BwdConfig:
@@ -194,7 +192,7 @@ def compile_specs():
     from tilefly.ops.attention import kernels_bwd512, kernels_fwd512
 
     kernel_dims = sorted({kernel_head_dim(d) for d in HEAD_DIMS})
-    fwd = [spec(cfg, dtype, d, causal) for cfg in ALL_FWD_CONFIGS.values()
+    fwd = [spec(cfg, dtype, d, causal) for cfg in FWD_CONFIGS.values()
            for dtype in DTYPES for d in kernel_dims if cfg.serves(d) for causal in (False, True)]
     return fwd + kernels_fwd512.compile_specs() + bwd_compile_specs() + kernels_bwd512.compile_specs()
 

@@ -43,7 +43,7 @@ import torch
 
 from tilefly import _device
 from tilefly.ops.attention.configs import BWD512_CONFIG_NAMES, FWD512_CONFIG_NAMES
-from tilefly.ops.attention.configs import (ALL_FWD_CONFIGS, BWD_CONFIGS, CONFIGS,  # noqa: F401 - CONFIGS
+from tilefly.ops.attention.configs import (BWD_CONFIGS, CONFIGS,  # noqa: F401 - CONFIGS
                                            FWD_CONFIGS, HEAD_DIMS, BwdConfig, FwdConfig, default_bwd_config,
                                            default_config, delta_blocks, dkdv_chunk, kernel_head_dim)
 
@@ -108,9 +108,9 @@ def configs_for(direction: str, head_dim: int | None = None) -> tuple[str, ...]:
 def config_for(config: str | None, head_dim: int, sq: int) -> FwdConfig:
     if config in FWD512_CONFIG_NAMES or config in BWD512_CONFIG_NAMES:
         raise ValueError(f"attention config {config} serves head dim 512 only")
-    if config is not None and config not in ALL_FWD_CONFIGS and config not in BWD_CONFIGS:
+    if config is not None and config not in FWD_CONFIGS and config not in BWD_CONFIGS:
         raise ValueError(f"unknown attention config {config!r}")
-    cfg = ALL_FWD_CONFIGS[config] if config in ALL_FWD_CONFIGS else default_config(head_dim, sq)
+    cfg = FWD_CONFIGS[config] if config in FWD_CONFIGS else default_config(head_dim, sq)
     if not cfg.serves(head_dim):
         raise ValueError(f"attention config {cfg.name} does not serve head dim {head_dim}")
     return cfg

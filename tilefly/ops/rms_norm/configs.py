@@ -120,9 +120,10 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),      # fp16 2048x65536  160.5
     (2, ALIGNED, 131072): Config("segments", 16384, 1, 4, x16=True), # fp16 2048x114688 267.0 (chunked 300.6)
     (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),    # fp16 8192x4097    37.1, bf16 37.8 (plain 39.5)
-    (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True),  # fp16 4096x8193 38.6 (plain 42.9)
-    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True),  # fp16 2048x16385 40.8,
-                                                                     # bf16 41.1 (chunked 52.1)
+    (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),  # fp16 4096x8193
+                                                                     # 37.2 (no pdl 39.0, plain 42.9)
+    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),  # fp16 2048x16385
+                                                                     # 39.3, bf16 39.4 (no pdl 41.3, chunked 52.1)
     (4, ALIGNED, 4096): Config("rows", 4096, 2, 4),                  # fp32 8192x4096    70.3 =
     (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
     (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
@@ -206,18 +207,8 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
-    pick and ATen: SPLIT rows tiles with w_shift and row edges whose kernel overlaps the copies'
-    kernel (pdl), next to the same tiles without it."""
-    if layout != SPLIT or row_block(N, element_size, layout) > 2 * ONE_PASS_MAX_BLOCK:
-        return []
-    block = row_block(N, element_size, layout)
-    out = []
-    for rows in (1, 2):
-        for warps in (4, 8, 16):
-            if rows * block // (32 * warps) in (16, 32, 64) and rows * block <= 32768:
-                tile = Config("rows", block, rows, warps, w_shift=True, row_edges=True)
-                out += [replace(tile, pdl=True), tile]
-    return out
+    pick and ATen. None pending: the last ones (pdl) are in tried_candidates."""
+    return []
 
 
 def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
@@ -242,6 +233,9 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       8 warps, 145 registers, against 40.8 with w_shift). Holding 16-bit x as loaded across the row
       reduction (as x16 does for segments) brought that tile to 113 registers but no 16-bit case
       moved beyond 2 %, so the rows kernel does not have it;
+    - SPLIT rows tiles with w_shift whose kernel is a programmatic dependent of the copies' kernel
+      (pdl): won 16-bit 4096x8193 (37.2 us against 39.0) and 2048x16385 (39.3 against 41.3), lost
+      FP32 (70.4 against 68.8 without copies at 8193), so TUNED has it for 16-bit rows of 8193 on;
     - long ALIGNED 16-bit rows: segments with 128 values (256 bytes) per thread held as FP32
       (SASS: 219-233 registers), and segments that reload their piece after the row sync
       (reload), 64 or 128 values a thread (FP16 2048x65536: 3.20 TB/s at best);
@@ -259,15 +253,15 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
         rows_kernel = pick.kernel == "rows"
         out.append(replace(pick, w_shift=True, w_realign=False, row_edges=rows_kernel))
         if rows_kernel:
-            out.append(replace(pick, w_shift=False, w_realign=False, row_edges=True))
+            out.append(replace(pick, w_shift=False, w_realign=False, row_edges=True, pdl=False))
         if block <= 2 * ONE_PASS_MAX_BLOCK:
             for rows in (1, 2, 4):
                 for warps in (4, 8, 16, 32):
                     # rows x warps <= 32: beyond it ptxas spilled (8-360 bytes) in every SPLIT tile tried
                     per_thread = rows * block // (32 * warps)
                     if per_thread in (16, 32, 64) and rows * block <= 32768 and rows * warps <= 32:
-                        out += [Config("rows", block, rows, warps, w_shift=ws, row_edges=True)
-                                for ws in (True, False)]
+                        shifted = Config("rows", block, rows, warps, w_shift=True, row_edges=True)
+                        out += [shifted, replace(shifted, pdl=True), replace(shifted, w_shift=False)]
                         out.append(Config("rows", block, rows, warps, row_edges=True, w_realign=True))
         if block >= ONE_PASS_MAX_BLOCK:
             for seg in (4096, 8192, 16384):
