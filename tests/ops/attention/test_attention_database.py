@@ -121,10 +121,11 @@ def test_the_shipped_h200_database_comes_from_the_tuner_and_covers_the_benchmark
     assert data["gpu"] == "NVIDIA H200" and data["tuner_args"]["grid_name"] == "ship"
     assert data["tuner_args"]["complete"] and data["tuner_args"].get("hand_made_for") is None
     config.attention_db = str(path)
-    for d, causal, s in ((64, False, 1024), (128, True, 16384), (96, True, 4096), (512, True, 2048)):
-        for direction in ("fwd", "bwd"):
-            plan = database.plan("cudnn" if d <= 256 else "efficient", direction, "bf16", d, causal, False, s, s, 0)
-            assert "untuned" not in plan.reason, plan.reason
+    for dtype in ("bf16", "fp16"):
+        for d, causal, s in ((64, False, 1024), (128, True, 16384), (96, True, 4096), (512, True, 2048)):
+            for direction in ("fwd", "bwd"):
+                plan = database.plan("cudnn" if d <= 256 else "efficient", direction, dtype, d, causal, False, s, s, 0)
+                assert "untuned" not in plan.reason, plan.reason
     # Head dim 512: PyTorch's efficient kernel is beaten in both directions, by tilefly's kernels.
     for direction, config_name in (("fwd", "d512n64p"), ("bwd", "bwd512")):
         plan = database.plan("efficient", direction, "bf16", 512, False, False, 2048, 2048, 0)
