@@ -1,4 +1,4 @@
-"""``python -m tilefly.bench.e2e``: end-to-end A/B of LLM decoding throughput (see ab.py).
+r"""``python -m tilefly.bench.e2e``: end-to-end A/B of LLM decoding throughput (see ab.py).
 
     python -m tilefly.bench.e2e --model tiny --concurrency 8 16                 # GPU smoke, seconds
     python -m tilefly.bench.e2e --model llama-3.1-8b --precision bf16 --concurrency 8 16 32 --out bench_out/e2e
@@ -12,6 +12,22 @@ Each run writes ``run_<model>_<precision>_c<concurrencies>.json`` (and its .md) 
 ``--merge`` joins any number of them into e2e.json / e2e.md / e2e.png. ``--save-code`` also keeps
 each side's generated wrapper code (``code_<model>_<precision>_c<N>_<side>.py``): which kernel every
 GEMM call site got.
+
+Split run, one side per process (for device calls too short to compile both sides):
+
+    python -m tilefly.bench.e2e --model llama-3.1-8b --precision bf16 --concurrency 32 --side A \
+        --eager-prefill --out DIR              # one device call: compile, autotune and time side A
+    python -m tilefly.bench.e2e --model llama-3.1-8b --precision bf16 --concurrency 32 --side B \
+        --eager-prefill --out DIR              # another call (same seed and lengths)
+    python -m tilefly.bench.e2e --merge DIR/run_*.json --out DIR
+
+Each side writes ``run_<model>_<precision>_c<N>_<side>.json`` with its results, environment, weight
+and prompt hashes and a logits record (top 16 of every request, one whole row; 0.35 MB per
+concurrency for Llama-8B at 32 requests). The merge pairs A and B of equal model, precision and
+concurrency, compares their logits (split.py says how, and what that misses), and refuses, naming
+the files, a pair whose hashes, lengths, torch, GPU or compile mode differ (so give both the same
+--seed, --input-len, --output-len and --eager-prefill); a side without a partner is a row of its
+own with a note. The merged report keeps no logits records: pair sides from their run files.
 """
 from __future__ import annotations
 
@@ -40,6 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="timed generations per side, the fastest kept (a Llama-8B run at 8 requests is ~4 s)")
     p.add_argument("--compare-steps", type=int, default=4, help="steps whose logits A and B must agree on")
     p.add_argument("--tol", type=float, default=0.05, help="max |B - A| / max |A| of those logits")
+    p.add_argument("--side", default="both", choices=("A", "B", "both"),
+                   help="measure one side only (write run_..._<side>.json; pair them with --merge)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--eager", action="store_true", help="no torch.compile (CPU dry runs)")
     p.add_argument("--eager-prefill", action="store_true",
@@ -85,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from tilefly.bench.e2e.ab import SIDE_A, SIDE_B, run_ab
 
     side_b = dataclasses.replace(SIDE_B, tilefly_ops=tuple(args.b_ops)) if args.b_ops else SIDE_B
+    sides = {"A": (SIDE_A,), "B": (side_b,), "both": (SIDE_A, side_b)}[args.side]
 
     env = environment(args.device, args.commit)
     os.makedirs(args.out, exist_ok=True)
@@ -93,9 +112,10 @@ def run(args: argparse.Namespace) -> int:
                     compile_mode=None if args.eager else "max-autotune", runs=args.runs,
                     compare_steps=args.compare_steps, tol=args.tol, seed=args.seed,
                     compile_prefill=not args.eager_prefill,
-                    sides=(SIDE_A, side_b), code_dir=args.out if args.save_code else None)
+                    sides=sides, code_dir=args.out if args.save_code else None)
     record.update(env)
     name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"
+    name += "" if args.side == "both" else f"_{args.side}"
     path = os.path.join(args.out, name + ".json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, allow_nan=False)
@@ -106,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
         f.write(text)
     print(text)
     print(f"  {path}", file=sys.stderr)
+    if args.side != "both":
+        failed = [row["concurrency"] for row in record["rows"] if "error" in row[args.side]]
+        if failed:
+            print(f"side {args.side} failed at concurrency {failed}", file=sys.stderr)
+        return 1 if failed else 0
     bad = [row["concurrency"] for row in record["rows"] if not row.get("agreement", {}).get("ok")]
     if bad:
         print(f"A and B disagree or a side failed at concurrency {bad}", file=sys.stderr)
@@ -116,7 +141,11 @@ def run(args: argparse.Namespace) -> int:
 def merge(paths: list[str], out: str, png: bool) -> int:
     from tilefly.bench.e2e import report
 
-    merged = report.merge([report.load(p) for p in paths])
+    try:
+        merged = report.merge([report.load(p) for p in paths])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(report.markdown(merged))
     for line in report.write_all(merged, out, png=png):
         print(f"  {line}", file=sys.stderr)

@@ -12,6 +12,9 @@ generations (the fastest is kept). A and B must agree: logits of the prefill and
 decode steps within ``tol`` (relative to the largest reference logit), compared only on the
 rows whose earlier tokens agree (a near-tie flipped by rounding is not an error, but later
 steps of that row are then different sequences).
+
+With one side only (``sides=(SIDE_A,)``, the CLI's ``--side``) each row also keeps that side's
+logits record (``check``), which the merge compares with the other side's (see split.py).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Any, Iterator
 import torch
 
 from tilefly import ops
-from tilefly.bench.e2e import engine, models, picks
+from tilefly.bench.e2e import engine, models, picks, split
 from tilefly.bench.runner import short
 
 DEFAULT_CONCURRENCIES = (8, 16, 32, 64, 128, 256)
@@ -152,21 +155,21 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
 def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len: int = 256,
            output_len: int = 512, device: str = "cuda", compile_mode: str | None = "max-autotune",
            runs: int = 1, compare_steps: int = 4, tol: float = 0.05, seed: int = 0,
-           sides: tuple[Side, Side] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
+           sides: tuple[Side, ...] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
            compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None) -> dict[str, Any]:
-    """Run A and B at each concurrency; returns the run's JSON-ready record (see report.py).
-    ``code_dir``: keep each side's generated wrapper code there, one file per concurrency."""
+    """Run A and B (or the one side in ``sides``) at each concurrency; returns the run's JSON-ready
+    record (see report.py). ``code_dir``: keep each side's generated wrapper code there, one file
+    per concurrency."""
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed)
     swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(seed + 1)
-    prompts_all = torch.randint(0, vocab, (max(concurrencies), input_len), generator=gen)
+    weights_sha = split.weights_sha(model)
     rows = []
     for batch in concurrencies:
         print(f"[e2e] {model_name} {precision} concurrency {batch}", file=log, flush=True)
         cache = engine.new_cache(model, batch, input_len + output_len)
-        prompts = prompts_all[:batch].to(device)
-        row: dict[str, Any] = {"concurrency": batch}
+        prompts = split.prompts(model.config.vocab_size, batch, input_len, seed)
+        row: dict[str, Any] = {"concurrency": batch, "prompts_sha": split.digest(prompts)}
+        prompts = prompts.to(device)
         outs = {}
         for side in sides:
             try:
@@ -181,23 +184,31 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
             except Exception as exc:  # noqa: BLE001 - one side failing is a result; the other still runs
                 traceback.print_exc(file=log)
                 row[side.name] = {"error": short(exc, limit=300)}
-        a, b = sides[0].name, sides[1].name
-        if a in outs and b in outs:
+        a, b = sides[0].name, sides[-1].name
+        if len(sides) == 1 and a in outs:
+            best, warm = outs[a]
+            row["check"] = {a: split.side_check(warm.tokens, warm.logits, best.tokens)}
+        elif len(sides) == 2 and a in outs and b in outs:
             (a_best, a_warm), (b_best, b_warm) = outs[a], outs[b]
             row["agreement"] = logits_agreement(a_warm.logits, b_warm.logits, a_warm.tokens, b_warm.tokens, tol)
             row["agreement"]["timed_token_match"] = float((a_best.tokens == b_best.tokens).double().mean())
             row["speedup"] = row[b]["tok_s"] / row[a]["tok_s"]
-        if "picks" in row.get(b, {}):
-            row["winners"] = picks.describe(row[b]["picks"])
+        if "picks" in row.get("B", {}):
+            row["winners"] = picks.describe(row["B"]["picks"])
         rows.append(row)
         del cache, outs
         if compile_mode is not None:
             torch._dynamo.reset()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return {"kind": "tilefly-e2e", "schema": 1, "model": model_name, "precision": precision,
-            "input_len": input_len, "output_len": output_len, "runs": runs,
-            "compile_mode": compile_mode if compile_prefill or compile_mode is None
-            else f"{compile_mode} (decode only)",
-            "device": str(device), "dtype": str(dtype).replace("torch.", ""), "swapped_linears": len(swapped),
-            "sides": {s.name: asdict(s) for s in sides}, "rows": rows}
+    record = {"kind": "tilefly-e2e", "schema": 1, "model": model_name, "precision": precision,
+              "input_len": input_len, "output_len": output_len, "runs": runs,
+              "compile_mode": compile_mode if compile_prefill or compile_mode is None
+              else f"{compile_mode} (decode only)",
+              "device": str(device), "dtype": str(dtype).replace("torch.", ""), "swapped_linears": len(swapped),
+              "seed": seed, "compare_steps": compare_steps, "tol": tol, "weights_sha": weights_sha,
+              "model_config": asdict(models.spec(model_name)),
+              "sides": {s.name: asdict(s) for s in sides}, "rows": rows}
+    if len(sides) == 1:
+        record["side"] = sides[0].name
+    return record

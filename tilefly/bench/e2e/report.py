@@ -4,6 +4,8 @@ A run file (``run_ab``'s record plus the environment) holds one model x precisio
 concurrencies. ``merge`` groups any number of them by (model, precision); a concurrency measured
 twice keeps the later run (by ``date``). MX tables show the BF16 model's side-B throughput
 beside them when a BF16 run of the same model is among the inputs (the issue's second target).
+Single-side runs (``--side``) are first paired by model, precision and concurrency (split.py);
+a side without its other half becomes a row with the other side's columns empty and a note.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from tilefly.bench.e2e import split
 from tilefly.bench.report import _short_commit, num, times
 
 KIND = "tilefly-e2e"
@@ -22,6 +25,8 @@ def load(path: str) -> dict[str, Any]:
         data = json.load(f)
     if data.get("kind") not in (KIND, MERGED_KIND):
         raise ValueError(f"{path} is not an e2e result (kind={data.get('kind')!r})")
+    if data["kind"] == KIND:
+        data["source"] = path  # names the file when a pair is refused; the merge drops it
     return data
 
 
@@ -40,10 +45,12 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("nothing to merge")
     runs = sorted((run for part in parts for run in _runs(part)), key=lambda r: r.get("date", ""))
     grouped: dict[tuple[str, str], dict[str, Any]] = {}
-    for run in runs:
+    for run in sorted(split.pair(runs), key=lambda r: r.get("date", "")):
         key = _key(run)
-        target = grouped.setdefault(key, {**{k: v for k, v in run.items() if k != "rows"}, "rows": {}})
-        target.update({k: v for k, v in run.items() if k != "rows"})  # the latest run's environment
+        meta = {k: v for k, v in run.items() if k not in ("rows", "source", "side")}
+        target = grouped.setdefault(key, {**meta, "rows": {}})
+        # the latest run's environment; a side-A-only run must not drop B's description
+        target.update({**meta, "sides": {**target.get("sides", {}), **meta.get("sides", {})}})
         for row in run["rows"]:
             target["rows"][row["concurrency"]] = row
     merged_runs = []
@@ -100,6 +107,7 @@ def run_table(run: dict[str, Any], bf16_b: dict[int, float]) -> list[str]:
                   if row.get(side, {}).get("cudagraph_skips")]
         if row.get("winners"):
             notes.append(f"B's GEMMs: {row['winners']}")
+        notes += [row["note"]] if row.get("note") else ["separate runs"] if row.get("split") else []
         cells += [_agreement(row), "; ".join(notes)]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return lines
@@ -120,6 +128,10 @@ def markdown(merged: dict[str, Any]) -> str:
                   f"cache; compile mode {run.get('compile_mode')}; tok/s = output tokens / (prefill + decode), "
                   f"best of {run.get('runs', 1)} run(s); compile and autotuning excluded (column compile){mx_note}.",
                   "", *run_table(run, _bf16_b(merged, run))]
+        if any(row.get("split") for row in run["rows"]):
+            lines += ["", f"*separate runs*: A and B ran in separate processes (`--side`); their logits are "
+                      f"compared on the top {split.TOPK} of every request and all of request 0's at step "
+                      f"{split.FULL_STEP}."]
     return "\n".join(lines) + "\n"
 
 
