@@ -33,6 +33,17 @@ def test_the_ship_grid_covers_every_head_dim_of_the_benchmark_in_both_dtypes():
     assert tuner._parser().parse_args([]).grid == "full"
 
 
+def test_head_dims_pick_a_subset_of_the_grid_for_a_retune():
+    ship = tuner.grid("ship")
+    d512 = tuner.only_head_dims(ship, "512")
+    assert d512 and {w.head_dim for w in d512} == {512} and len(d512) == len(ship) // 7
+    assert tuner.only_head_dims(ship, "128,512") == [w for w in ship if w.head_dim in (128, 512)]
+    assert tuner.only_head_dims(ship, None) == ship
+    with pytest.raises(ValueError, match="no head dim \\[48\\]"):
+        tuner.only_head_dims(ship, "48,512")
+    assert tuner._parser().parse_args(["--head-dims", "512"]).head_dims == "512"
+
+
 def test_chunks_partition_the_grid():
     full = tuner.grid(quick=False)
     parts = [tuner.chunk(full, f"{i}/3") for i in (1, 2, 3)]

@@ -5,6 +5,8 @@ attention tuning database (database.py has the schema).
     python -m tilefly tune attention --grid ship --out attention_sm90_h200.json   # the shipped one, ~3 min
     python -m tilefly tune attention --chunk 1/3 --out part1.json            # full grid, in 3 calls
     python -m tilefly tune attention --merge part1.json part2.json part3.json --out attention_sm90_h200.json
+    python -m tilefly tune attention --grid ship --head-dims 512 --out d512.json   # retune one head dim, then
+    python -m tilefly tune attention --merge attention_sm90_h200.json d512.json --out attention_sm90_h200.json
 
 Per workload of the grid (dtype, head dim, causal, GQA, Sq, Sk) and per direction:
 
@@ -89,6 +91,18 @@ def grid(quick: bool | str) -> list[Workload]:
         for sq, sk in cells + ([] if causal else list(g["rectangular"])):
             out.append(Workload(dtype, d, causal, gqa, sq, sk))
     return out
+
+
+def only_head_dims(workloads: list[Workload], spec: str | None) -> list[Workload]:
+    """``"128,512"``: the workloads of those head dims only (a retune of a few kernels, merged
+    into a full database with --merge, where the later file's entries win)."""
+    if not spec:
+        return workloads
+    dims = {int(d) for d in spec.split(",")}
+    unknown = dims - {w.head_dim for w in workloads}
+    if unknown:
+        raise ValueError(f"--head-dims {spec}: the grid has no head dim {sorted(unknown)}")
+    return [w for w in workloads if w.head_dim in dims]
 
 
 def chunk(workloads: list[Workload], spec: str | None) -> list[Workload]:
@@ -327,6 +341,7 @@ def _header(args: argparse.Namespace, complete: bool, remaining: int) -> dict[st
     return {"version": database.VERSION, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "tuner_args": {"grid_name": args.grid, "quick": args.grid != "full", "chunk": args.chunk,
+                           "head_dims": args.head_dims,
                            "complete": complete, "remaining": remaining,
                            "margin": MARGIN, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
                            "tilefly_configs": list(backends.TILEFLY_FA.configs()),
@@ -343,6 +358,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", dest="grid", action="store_const", const="quick", help="same as --grid quick")
     p.add_argument("--out", help="database file to write (default: ./attention_<gpu key>.json)")
     p.add_argument("--chunk", help="I/N: measure the I-th of N interleaved slices of the grid")
+    p.add_argument("--head-dims", help="comma-separated head dims: measure only those of the grid")
     p.add_argument("--resume", action="store_true", help="keep the entries already in --out and measure the rest")
     p.add_argument("--time-limit", type=float, default=480.0,
                    help="seconds after which no new workload starts (default 480: fits a 10-minute device call)")
@@ -369,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     key = tdb.device_gpu_key(torch.cuda.current_device())
     out = args.out or f"attention_{key}.json"
-    workloads = chunk(grid(args.grid), args.chunk)
+    workloads = chunk(only_head_dims(grid(args.grid), args.head_dims), args.chunk)
     done: list[dict] = []
     if args.resume:
         try:
