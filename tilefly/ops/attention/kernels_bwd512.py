@@ -22,6 +22,10 @@ groups (the GQA sum over q heads is the GEMM's own inner dimension, no extra red
     dV    = P^T dO                [g, Sk, D]    dK = dS^T Q    dQ = dS K    [g, R, D]
                                   FP32 accumulation in cuBLAS, cast to the dtype on store.
 
+``prepare`` (argument checks, the contiguous [groups, rows, D] operands, delta) and ``chunking``
+also serve kernels_bwd512g (config ``bwd512g``), which replaces the GEMMs and the Triton kernel
+with Gluon kernels.
+
 Causal with one q head per kv head (no GQA): the products skip whole blocks above the diagonal.
 Rows are cut into at most CAUSAL_BLOCKS blocks (``causal_edges``); S, dP and dQ run per row block
 over the keys it sees, dK and dV per key block over the rows that see it (P and dS are zero above
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -209,10 +214,11 @@ def _triangle_grads(q, do, k, p, ds, dq, dk, dv, edges):
 
 # ---- the launcher ----------------------------------------------------------------------------
 
-def chunking(groups: int, group_rows: int, sk: int, workspace_bytes: int = WORKSPACE_BYTES) -> tuple[int, int]:
+def chunking(groups: int, group_rows: int, sk: int, workspace_bytes: int = WORKSPACE_BYTES,
+             bytes_per_score: int = BYTES_PER_SCORE) -> tuple[int, int]:
     """(groups per chunk, rows per chunk): whole groups while one fits the workspace, else one
     group at a time in row blocks (multiples of BLOCK_R where possible)."""
-    per_row = sk * BYTES_PER_SCORE
+    per_row = sk * bytes_per_score
     per_group = group_rows * per_row
     if per_group <= workspace_bytes:
         return max(1, min(groups, workspace_bytes // per_group)), group_rows
@@ -224,12 +230,53 @@ def _contiguous_target(g: torch.Tensor) -> torch.Tensor:
     return g if g.is_contiguous() else torch.empty(g.shape, dtype=g.dtype, device=g.device)
 
 
-def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                lse: torch.Tensor, causal: bool, scale: float | None, *,
-                grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                workspace_bytes: int = WORKSPACE_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """kernels.backward for head dim 512: (dq, dk, dv) like q, k, v (or ``grads``, written in place).
-    The caller checked kernels.unsupported()."""
+def device_of(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+@dataclass
+class Problem:
+    """A head-dim-512 backward as both paths (this module's and kernels_bwd512g's) run it: the
+    operands as [groups, rows, D] views of contiguous tensors (a group = one batch's kv head and
+    its G q heads, R = G * Sq rows), gradient targets likewise; lse and delta B x Hq x Sq FP32,
+    contiguous, which is [groups, R] in memory."""
+    qs: torch.Tensor          # [groups, R, D]
+    dos: torch.Tensor         # [groups, R, D]
+    ks: torch.Tensor          # [groups, Sk, D]
+    vs: torch.Tensor          # [groups, Sk, D]
+    dqs: torch.Tensor         # views of the contiguous targets
+    dks: torch.Tensor
+    dvs: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+    scale: float
+    group: int                # q heads per kv head
+    sq: int
+    sk: int
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    targets: list[torch.Tensor]
+
+    @property
+    def groups(self) -> int:
+        return self.qs.shape[0]
+
+    @property
+    def group_rows(self) -> int:
+        return self.qs.shape[1]
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gradients, copied into ``grads`` where a contiguous target stood in for them."""
+        for g, t in zip(self.grads, self.targets):
+            if g is not t:
+                g.copy_(t)
+        return self.grads
+
+
+def prepare(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor, scale: float | None,
+            grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> Problem:
+    """Check the arguments, make the operands contiguous (copies only where they are not) and run
+    the delta kernel."""
     from tilefly.ops.attention.configs import delta_blocks
     from tilefly.ops.attention.kernels import _tma_reason
     from tilefly.ops.attention.kernels_bwd import attention_bwd_delta_kernel
@@ -260,6 +307,24 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     targets = [_contiguous_target(g) for g in grads]
     dqs = targets[0].view(groups, group_rows, d)
     dks, dvs = (t.view(groups, sk, d) for t in targets[1:])
+    delta = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    block_s, block_d = delta_blocks(d)
+    with device_of(q):
+        attention_bwd_delta_kernel[(-(-sq // block_s), b * hq)](
+            out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3], BLOCK_S=block_s,
+            BLOCK_D=block_d)
+    return Problem(qs, dos, ks, vs, dqs, dks, dvs, lse, delta, scale, group, sq, sk, grads, targets)
+
+
+def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, causal: bool, scale: float | None, *,
+                grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                workspace_bytes: int = WORKSPACE_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels.backward for head dim 512: (dq, dk, dv) like q, k, v (or ``grads``, written in place).
+    The caller checked kernels.unsupported()."""
+    pb = prepare(grad_out, q, k, v, out, lse, scale, grads)
+    qs, dos, ks, vs, dqs, dks, dvs = pb.qs, pb.dos, pb.ks, pb.vs, pb.dqs, pb.dks, pb.dvs
+    groups, group_rows, sq, sk, d = pb.groups, pb.group_rows, pb.sq, pb.sk, HEAD_DIM
 
     n_groups, n_rows = chunking(groups, group_rows, sk, workspace_bytes)
     scores = n_groups * n_rows * sk
@@ -270,13 +335,7 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     split = n_rows < group_rows
     acc = [torch.empty(1, sk, d, dtype=torch.float32, device=q.device) for _ in range(2)] if split else [None, None]
 
-    delta = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
-    block_s, block_d = delta_blocks(d)
-    device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
-    with device:
-        attention_bwd_delta_kernel[(-(-sq // block_s), b * hq)](
-            out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3], BLOCK_S=block_s,
-            BLOCK_D=block_d)
+    with device_of(q):
         for g0 in range(0, groups, n_groups):
             g1 = min(groups, g0 + n_groups)
             if split:
@@ -287,7 +346,7 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                 shape = (g1 - g0, r1 - r0, sk)
                 s, dp, p, ds = (w[:math.prod(shape)].view(shape) for w in (s_ws, dp_ws, p_ws, ds_ws))
                 q_blk, do_blk = qs[g0:g1, r0:r1], dos[g0:g1, r0:r1]
-                edges = causal_edges(sq, sk) if causal and group == 1 and not split else None
+                edges = causal_edges(sq, sk) if causal and pb.group == 1 and not split else None
                 if edges:
                     _triangle_scores(q_blk, do_blk, ks[g0:g1], vs[g0:g1], s, dp, edges)
                 else:
@@ -295,7 +354,7 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                     _scores(do_blk, vs[g0:g1].transpose(1, 2), dp)
                 grid = (triton.cdiv(sk, BLOCK_K), triton.cdiv(r1 - r0, BLOCK_R), g1 - g0)
                 attention_bwd512_softmax_grad_kernel[grid](
-                    s, dp, lse, delta, p, ds, r1 - r0, sk, sq, g0, r0, group_rows, scale * LOG2E, scale,
+                    s, dp, pb.lse, pb.delta, p, ds, r1 - r0, sk, sq, g0, r0, group_rows, pb.scale * LOG2E, pb.scale,
                     BLOCK_R=BLOCK_R, BLOCK_K=BLOCK_K,
                     CAUSAL=bool(causal), num_warps=NUM_WARPS)
                 if edges:
@@ -307,10 +366,7 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
             if split:
                 dvs[g0:g1].copy_(acc[0])
                 dks[g0:g1].copy_(acc[1])
-    for g, t in zip(grads, targets):
-        if g is not t:
-            g.copy_(t)
-    return grads
+    return pb.finish()
 
 
 # ---- compile specs and interpreter checks -----------------------------------------------------

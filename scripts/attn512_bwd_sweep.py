@@ -1,0 +1,120 @@
+"""Head-dim-512 attention backward: bwd512 (cuBLAS batched GEMMs around a Triton kernel) against
+bwd512g (all Gluon: the scores kernel and tilefly's grouped GEMM, kernels_bwd512g), BF16, on the
+attention suite's head-dim-512 cases (tilefly/bench/cases/attention.csv), plus a GQA variant.
+
+    PYTHONPATH=. python scripts/attn512_bwd_sweep.py [--cases 15,16] [--gqa 2] [--dtype fp16] [--json PATH]
+
+Why: bwd512g is taken by name but kept out of the tuner until it has run on a GPU; this says
+whether it is right there and what it costs before it joins BWD512_CONFIG_NAMES. Both configs run
+on the same forward output and lse (tilefly's d512 forward). bwd512g's gradients are checked
+against bwd512's (relative norm of the difference, per gradient), so a fast but wrong run shows as
+such; a case bwd512g does not serve prints kernels_bwd512g.unserved's reason (kernels.backward
+then runs bwd512 under the bwd512g name). ``--parts`` also times the scores kernel and the three
+grouped GEMMs of the first chunk on their own.
+Timing: tilefly.bench.timing.measure (CUDA events, L2 flushed before each call, median).
+"""
+import argparse
+import json
+import math
+
+import torch
+
+from tilefly.bench import timing
+from tilefly.bench.suites.attention import cases as attention_cases
+from tilefly.ops.attention import kernels, kernels_bwd512, kernels_bwd512g
+
+POLICY = timing.Policy(min_reps=10, target_ms=60.0, max_reps=100)
+CONFIGS = ("bwd512", "bwd512g")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def suite_cases():
+    """(index, B, H, S, causal) of attention.csv at head dim 512."""
+    return [(case.index, c["batch"], c["heads"], c["seqlen"], bool(c["causal"]))
+            for case in attention_cases() for c in (case.columns,) if c["head_dim"] == 512]
+
+
+def bwd_flops(b, hq, s, causal):
+    """Five products of 2 * S * S * 512 per (batch, q head), halved when causal (useful work)."""
+    return 5 * 2 * b * hq * s * s * 512 * (0.5 if causal else 1.0)
+
+
+def parts(grad_out, q, k, v, out, lse, causal):
+    """(name, Timing) of the first chunk's scores kernel and its three grouped GEMMs."""
+    pb = kernels_bwd512.prepare(grad_out, q, k, v, out, lse, None, None)
+    n, rows = kernels_bwd512g.chunks(pb.groups, pb.group_rows, pb.sk, kernels_bwd512.WORKSPACE_BYTES)
+    sk, d = pb.sk, 512
+    ws = torch.empty(3, n * rows * sk, dtype=q.dtype, device=q.device)
+    pt, dst = (w[:n * sk * rows].view(n, sk, rows) for w in ws[:2])
+    ds = ws[2, :n * rows * sk].view(n, rows, sk)
+    q_blk, do_blk, k_blk, v_blk = pb.qs[:n, :rows], pb.dos[:n, :rows], pb.ks[:n], pb.vs[:n]
+    dq = torch.empty(n * rows, d, dtype=q.dtype, device=q.device)
+    dkv = torch.empty(n * sk, d, dtype=q.dtype, device=q.device)
+    steps = {
+        "scores": lambda: kernels_bwd512g._launch_scores(pb, 0, 0, q_blk, do_blk, k_blk, v_blk, pt, dst, ds, causal),
+        "dV=P^T dO": lambda: kernels_bwd512g._gemm(pt.view(n * sk, rows), do_blk, n, dkv),
+        "dK=dS^T Q": lambda: kernels_bwd512g._gemm(dst.view(n * sk, rows), q_blk, n, dkv),
+        "dQ=dS K": lambda: kernels_bwd512g._gemm(ds.view(n * rows, sk), k_blk, n, dq),
+    }
+    return [(name, timing.measure(fn, POLICY)) for name, fn in steps.items()]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", help="comma-separated attention.csv indices (default: all at head dim 512)")
+    ap.add_argument("--gqa", type=int, default=2, help="also run each case with H / GQA kv heads (1: no GQA runs)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--parts", action="store_true", help="time bwd512g's scores kernel and GEMMs on their own")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dtype = DTYPES[args.dtype]
+    wanted = {int(x) for x in args.cases.split(",")} if args.cases else None
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {POLICY.describe()}", flush=True)
+    rows = []
+    for index, b, h, s, causal in suite_cases():
+        if wanted is not None and index not in wanted:
+            continue
+        for hk in dict.fromkeys((h, h // max(1, args.gqa))):
+            g = torch.Generator(device="cuda").manual_seed(index)
+            q = torch.randn(b, h, s, 512, device="cuda", dtype=dtype, generator=g)
+            k, v = (torch.randn(b, hk, s, 512, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+            out, lse = kernels.forward(q, k, v, causal, None, True)
+            grad_out = torch.randn_like(q)
+            case = f"#{index} B{b} Hq{h} Hk{hk} S{s} {args.dtype} {'causal' if causal else 'full'}"
+            reason = kernels_bwd512g.unserved(q, k)
+            if reason:
+                print(f"{case:<40} bwd512g not served: {reason}", flush=True)
+            grads = {}
+            times = {}
+            for name in CONFIGS:
+                def run(name=name):
+                    return kernels.backward(grad_out, q, k, v, out, lse, causal, None, name)
+                grads[name] = run()
+                torch.cuda.synchronize()
+                times[name] = timing.measure(run, POLICY)
+            errs = {n: ((a.double() - w.double()).norm() / w.double().norm()).item()
+                    for n, a, w in zip(("dq", "dk", "dv"), grads["bwd512g"], grads["bwd512"])}
+            base = times["bwd512"].median_us
+            for name, t in times.items():
+                row = dict(case=case, config=name, served=reason is None, median_us=t.median_us, p20_us=t.p20_us,
+                           p80_us=t.p80_us, tflops=bwd_flops(b, h, s, causal) / t.median_us / 1e6,
+                           speedup=base / t.median_us, **({"vs_bwd512": errs} if name == "bwd512g" else {}))
+                rows.append(row)
+                worst = max(errs.values())
+                note = ""
+                if name == "bwd512g":
+                    bad = not math.isfinite(worst) or worst > (2e-2 if dtype == torch.bfloat16 else 5e-3)
+                    note = f"  vs bwd512 {' '.join(f'{n} {e:.1e}' for n, e in errs.items())}{'  WRONG' if bad else ''}"
+                print(f"{case:<40} {name:<8} {t.median_us:9.1f} us  (p20 {t.p20_us:8.1f} p80 {t.p80_us:8.1f})  "
+                      f"{row['tflops']:6.1f} TFLOP/s  x{row['speedup']:4.2f}{note}", flush=True)
+            if args.parts and reason is None:
+                for name, t in parts(grad_out, q, k, v, out, lse, causal):
+                    rows.append(dict(case=case, part=name, median_us=t.median_us))
+                    print(f"{'':<40}   {name:<10} {t.median_us:9.1f} us (first chunk)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows, policy=POLICY.describe()), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

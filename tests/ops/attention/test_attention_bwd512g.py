@@ -1,0 +1,389 @@
+"""tilefly's all-Gluon head-dim-512 attention backward (config bwd512g: kernels_bwd512g, its scores
+kernel kernels_bwd512_scores and the grouped GEMM): on CPU, what it serves and why not, that it is
+taken by name but kept out of the tuner's names, its kernels compiled for sm_90a (and the PTX
+properties of the design), and its host orchestration (chunks, split rows, GEMM operands, GQA)
+with the kernels replaced by float64 stand-ins; on the H200, dq, dk and dv against float64
+(BF16 and FP16, causal and not, GQA, Sq != Sk, served lengths and fallbacks), NaN as bwd512 has
+it, and equality with bwd512 within tolerance."""
+import math
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tilefly import _device  # noqa: E402
+from tilefly.ops.attention import configs, kernels, kernels_bwd, kernels_bwd512, kernels_bwd512g  # noqa: E402
+from tilefly.ops.attention import kernels_bwd512_scores as scores  # noqa: E402
+from tilefly.ops.grouped_gemm import eligibility  # noqa: E402
+from tilefly.ops.grouped_gemm import launch as grouped  # noqa: E402
+from tilefly.ops.grouped_gemm.configs import MAX_GROUPS  # noqa: E402
+from attention_standins import cuda_inputs  # noqa: E402
+from test_attention_bwd import _assert_grads_close, _check, _reference_grads  # noqa: E402
+
+BF16 = torch.bfloat16
+D = 512
+LOG2E = 1.4426950408889634
+
+
+def _cpu(b=1, hq=2, hk=2, sq=64, sk=64, dtype=BF16):
+    return (torch.randn(b, hq, sq, D, dtype=dtype), torch.randn(b, hk, sk, D, dtype=dtype),
+            torch.randn(b, hk, sk, D, dtype=dtype))
+
+
+# ---- CPU: what it serves -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("hq,hk,sq,sk,workspace,reason", [
+    (2, 2, 1000, 1024, None, "G * Sq = 1000 rows"),     # rows per kv head not a multiple of 64
+    (4, 2, 1000, 1024, None, "G * Sq = 2000 rows"),
+    (8, 2, 8, 64, None, "G * Sq = 32 rows"),
+    (2, 2, 128, 1000, None, "Sk = 1000"),
+    (2, 2, 64, 64, 63 * 64 * kernels_bwd512g.BYTES_PER_SCORE, "fewer than 64 rows"),
+    (2, 2, 128, 128, None, "tensors on cpu"),           # shapes served: only the device is missing
+])
+def test_unserved_says_why(hq, hk, sq, sk, workspace, reason):
+    q, k = torch.empty(1, hq, 1, D).expand(1, hq, sq, D), torch.empty(1, hk, 1, D).expand(1, hk, sk, D)
+    got = kernels_bwd512g.unserved(q, k, *(() if workspace is None else (workspace,)))
+    assert got is not None and reason in got, got
+
+
+def test_unserved_accepts_gqa_rows_that_only_add_up_to_64():
+    """R = G * Sq is what the grouped GEMM's inner size is: 8 q heads x 8 rows serve."""
+    q, k = torch.empty(1, 16, 8, D).expand(1, 16, 8, D), torch.empty(1, 2, 64, D)
+    assert kernels_bwd512g.unserved(q, k) == "tensors on cpu: bwd512g's Gluon kernels run on CUDA"
+    small = torch.empty(1, 2, 64, 64)
+    assert "head dim 64" in kernels_bwd512g.unserved(small, small)
+
+
+def test_chunks_split_rows_in_multiples_of_64_and_cap_groups():
+    per = kernels_bwd512g.BYTES_PER_SCORE
+    assert kernels_bwd512g.chunks(32, 2048, 2048, 2 << 30) == (32, 2048)
+    assert kernels_bwd512g.chunks(3, 256, 64, 100 * 64 * per) == (1, 64)       # 100 rows fit: 64 kept
+    assert kernels_bwd512g.chunks(3, 256, 64, 63 * 64 * per) == (1, 0)
+    assert kernels_bwd512g.chunks(4096, 64, 64, 2 << 30) == (MAX_GROUPS, 64)
+
+
+# ---- CPU: naming, dispatch -----------------------------------------------------------------------
+
+def test_bwd512g_is_taken_by_name_but_not_offered_to_the_tuner():
+    assert configs.BWD512_UNTIMED_CONFIG_NAMES == ("bwd512g",)
+    assert "bwd512g" not in configs.CONFIGS and "bwd512g" not in kernels.CONFIGS
+    assert kernels.configs_for("bwd", 512) == ("bwd512",)
+    for direction in ("fwd", "bwd", "forward", "backward"):
+        assert "bwd512g" not in kernels.configs_for(direction)
+    for check in (lambda: kernels.config_for("bwd512g", 64, 100), lambda: kernels.bwd_config_for("bwd512g", 64, 100)):
+        with pytest.raises(ValueError, match="head dim 512 only"):
+            check()
+
+
+def test_forward_takes_bwd512g_as_its_default(monkeypatch):
+    from tilefly.ops.attention import kernels_fwd512
+
+    seen = []
+    monkeypatch.setattr(kernels_fwd512, "forward512", lambda *a, **kw: seen.append(a[6]) or ("out", "lse"))
+    q, k, v = _cpu()
+    assert kernels.forward(q, k, v, False, None, True, "bwd512g") == ("out", "lse")
+    assert seen == [None]
+
+
+@pytest.mark.parametrize("reason", [None, "R not a multiple of 64"])
+def test_backward_runs_bwd512g_where_served_else_bwd512(monkeypatch, reason):
+    calls = []
+    monkeypatch.setattr(kernels_bwd512g, "unserved", lambda q, k: reason)
+    monkeypatch.setattr(kernels_bwd512g, "backward512g", lambda *a, **kw: calls.append("g") or "grads")
+    monkeypatch.setattr(kernels_bwd512, "backward512", lambda *a, **kw: calls.append("bmm") or "grads")
+    q, k, v = _cpu()
+    grads = (q, k, v)
+    assert kernels.backward(q, q, k, v, q, torch.zeros(1, 2, 64), True, 0.5, "bwd512g", grads=grads) == "grads"
+    assert kernels.backward(q, q, k, v, q, torch.zeros(1, 2, 64), True, 0.5, "bwd512", grads=grads) == "grads"
+    assert kernels.backward(q, q, k, v, q, torch.zeros(1, 2, 64), True, 0.5, grads=grads) == "grads"
+    assert calls == ["bmm" if reason else "g", "bmm", "bmm"]
+
+
+def test_backward512g_refuses_what_it_does_not_serve():
+    q, k, v = _cpu(sq=100)
+    with pytest.raises(ValueError, match="G \\* Sq = 100 rows"):
+        kernels_bwd512g.backward512g(q, q, k, v, q, torch.zeros(1, 2, 100), False, None)
+
+
+# ---- CPU: compile --------------------------------------------------------------------------------
+
+def test_specs_are_shipped_with_the_attention_family():
+    names = {s.name for s in configs.compile_specs()}
+    ours = kernels_bwd512g.compile_specs()
+    assert len(ours) == 8 and {s.name for s in ours} <= names
+    assert {s.name for s in scores.compile_specs()} == {
+        f"attention.bwd512g_scores[{dt},{c}]" for dt in ("bf16", "fp16") for c in ("full", "causal")}
+
+
+@pytest.mark.parametrize("spec", scores.compile_specs(), ids=lambda s: s.name)
+def test_scores_kernel_compiles_without_spills(spec):
+    from tilefly.compile_check import compile_one
+
+    result = compile_one(spec)
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0, result.row()
+    assert result.shared <= configs.SMEM_LIMIT, result.row()
+
+
+def test_wgmmas_are_not_serialized():
+    """ptxas serializes every wgmma of a kernel (warning C7514) when an accumulator is touched in flight."""
+    from tilefly.compile_check import ptxas_report
+
+    for spec in scores.compile_specs()[:2]:
+        report = ptxas_report(spec)
+        assert "Used" in report and "C7514" not in report, report
+
+
+def test_scores_kernel_ptx_is_the_design():
+    """Two wgmma accumulators of 128 x 128 (m64n128k16 per warpgroup) fed by 2-D TMA loads with
+    mbarriers; outputs leave by 3-D TMA stores (clipped per group) after stmatrix, one of them the
+    transposed dS (stmatrix .trans); no FP32 global store (S and dP never leave registers)."""
+    from tilefly.compile_check import _compile
+
+    ptx = _compile(scores.compile_specs()[1]).asm["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group" in ptx
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert not re.search(r"st\.global[\.\w]*\.f32|st\.global\.v\d\.f32", ptx)
+
+
+# ---- CPU: the host orchestration, kernels replaced by float64 stand-ins ----------------------------
+
+class _Delta:
+    """attention_bwd_delta_kernel[grid](out, grad_out, delta, ...) in torch."""
+
+    def __getitem__(self, grid):
+        def run(out, grad_out, delta, *args, **kw):
+            delta.copy_((out.double() * grad_out.double()).sum(-1))
+        return run
+
+
+class _Scores:
+    """The scores kernel's contract, read from its descriptors and arguments: what it must write."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def run(k2, q2, v2, do2, pt_d, dst_d, ds_d, lse, delta, rows, sk, sq, g0, r0, group_rows, qk_scale, scale,
+                *, BLOCK_M, BLOCK_N, STAGES, CAUSAL, num_warps):
+            n = pt_d.shape[0]
+            assert grid == (-(-sk // BLOCK_N), -(-rows // BLOCK_M), n)
+            assert k2.block_shape == [BLOCK_N, scores.CHUNK] and q2.block_shape == [BLOCK_M, scores.CHUNK]
+            assert pt_d.shape == dst_d.shape == [n, sk, rows] and ds_d.shape == [n, rows, sk]
+            assert pt_d.block_shape == [1, BLOCK_N, BLOCK_M] and ds_d.block_shape == [1, BLOCK_M, BLOCK_N]
+            kk, vv = (t.base.view(n, sk, D).double() for t in (k2, v2))
+            qq, dd = (t.base.view(n, rows, D).double() for t in (q2, do2))
+            stats = ((g0 + torch.arange(n))[:, None] * group_rows + r0 + torch.arange(rows)[None, :]).view(-1)
+            lse2 = (lse.reshape(-1)[stats] * LOG2E).view(n, 1, rows)
+            pt = torch.exp2(kk @ qq.transpose(1, 2) * qk_scale - lse2)
+            if CAUSAL:
+                query = (r0 + torch.arange(rows)) % sq
+                pt = pt.masked_fill(torch.arange(sk)[:, None] > query[None, :], 0.0)
+            dst = pt * (vv @ dd.transpose(1, 2) - delta.reshape(-1)[stats].view(n, 1, rows)) * scale
+            pt_d.base.copy_(pt)
+            dst_d.base.copy_(dst)
+            ds_d.base.copy_(dst.transpose(1, 2))
+            self.launches.append((n, rows, g0, r0))
+        return run
+
+
+def _grouped_run(cfg, a, b, offs, out):
+    """grouped.run's result, after the checks its launcher makes (raising as it would)."""
+    g, k, n = b.shape
+    view = eligibility.b_view(tuple(b.shape), tuple(b.stride()), b.element_size())
+    assert eligibility.a_row_stride(tuple(a.shape), tuple(a.stride()), 2) is not None and view is not None
+    assert not view.kmajor and k % cfg.block_k == 0 and out.stride(1) == 1 and a.dtype == b.dtype
+    m = a.shape[0] // g
+    assert offs.dtype == torch.int32 and offs.tolist() == [m * (i + 1) for i in range(g)]
+    for i in range(g):
+        out[i * m:(i + 1) * m] = (a[i * m:(i + 1) * m].double() @ b[i].double()).to(out.dtype)
+    return out
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    served = kernels_bwd512g.unserved
+
+    def on_cpu(q, k, *args):
+        reason = served(q, k, *args)
+        return None if reason and reason.startswith("tensors on cpu") else reason
+
+    monkeypatch.setattr(kernels_bwd512g, "unserved", on_cpu)
+    monkeypatch.setattr(kernels_bwd, "attention_bwd_delta_kernel", _Delta())
+    fake = _Scores()
+    monkeypatch.setattr(scores, "attention_bwd512_scores_kernel", fake)
+    monkeypatch.setattr(grouped, "run", _grouped_run)
+    monkeypatch.setattr(_device, "sm_count", lambda t: 132)
+    return fake
+
+
+@pytest.mark.parametrize("b,hq,hk,sq,sk,causal,workspace_groups,bshd,launches", [
+    (2, 2, 2, 64, 128, False, None, False, 1),
+    (1, 4, 2, 96, 192, True, None, True, 1),       # GQA: R = 192, the causal mask per q head
+    (3, 2, 1, 64, 64, True, 2, False, 2),          # chunks of 2 groups, the last one short
+    (1, 2, 1, 128, 64, True, 0.75, True, 2),       # one group's 256 rows split in two 192 + 64 blocks
+])
+def test_orchestration_against_float64(stand_ins, b, hq, hk, sq, sk, causal, workspace_groups, bshd, launches):
+    """The whole path on CPU with the scores kernel, the grouped GEMM and the delta kernel replaced
+    by float64 stand-ins that check the descriptors and operands they are given: chunking, split
+    rows with FP32 partial sums, lse/delta offsets, GEMM operands and the gradients' layout."""
+    torch.manual_seed(0)
+    q, k, v = _cpu(b, hq, hk, sq, sk)
+    if bshd:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    scale = 0.07
+    out, lse, _ = kernels_bwd512._reference(q, k, v, torch.zeros_like(q), causal, scale)
+    grad_out = torch.randn_like(q)
+    per_group = hq // hk * sq * sk * kernels_bwd512g.BYTES_PER_SCORE
+    workspace = 2 << 30 if workspace_groups is None else int(workspace_groups * per_group)
+    poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    got = kernels_bwd512g.backward512g(grad_out, q, k, v, out.to(BF16), lse.float(), causal, scale,
+                                       grads=poisoned, workspace_bytes=workspace)
+    assert all(g is p for g, p in zip(got, poisoned))
+    assert len(stand_ins.launches) == launches, stand_ins.launches
+    want = _reference_grads(q, k, v, grad_out, causal, scale)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = ((g.double() - w).norm() / w.norm()).item()
+        assert err < 2e-2, f"{name}: relative error {err:.3g}"
+
+
+def test_offsets_are_cached_per_shape():
+    a = kernels_bwd512g._offsets(3, 64, torch.device("cpu"))
+    assert a is kernels_bwd512g._offsets(3, 64, torch.device("cpu")) and a.tolist() == [64, 128, 192]
+    assert a.dtype == torch.int32
+
+
+# ---- GPU: gradients against float64 ----------------------------------------------------------------
+
+_WATCHDOG_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_attention_bwd512g as t
+for causal in (False, True):
+    for dtype in (t.BF16, t.torch.float16):
+        t._check(*t.cuda_inputs(1, 4, 2, 192, 320, t.D, dtype), causal, config="bwd512g")
+print("bwd512g ok")
+"""
+
+
+@pytest.mark.cuda
+def test_first_runs_under_a_watchdog():
+    """First (file order) of the GPU tests: a few served cases in a child process with a time limit,
+    so that a barrier-phase mistake in the scores kernel fails here instead of hanging the run."""
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(__file__)
+    proc = subprocess.run([sys.executable, "-c", _WATCHDOG_CHILD.format(tests=tests)],
+                          capture_output=True, text=True, timeout=300, cwd=tests,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])))
+    assert proc.returncode == 0 and "bwd512g ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def _served(q, k):
+    reason = kernels_bwd512g.unserved(q, k)
+    assert reason is None, reason
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("s", [64, 128, 2048])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize("b,h", [(1, 1), (2, 3)])
+def test_matches_float64(b, h, dtype, causal, s):
+    q, k, v = cuda_inputs(b, h, h, s, s, D, dtype)
+    _served(q, k)
+    _check(q, k, v, causal, config="bwd512g")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sq,sk", [(64, 192), (192, 128), (128, 2048)])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_sq_ne_sk(dtype, sq, sk):
+    q, k, v = cuda_inputs(2, 2, 2, sq, sk, D, dtype)
+    _served(q, k)
+    _check(q, k, v, False, config="bwd512g")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("s", [64, 128, 2048])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_grouped_query_attention(dtype, causal, s):
+    """Hq = 2 Hk: dK and dV sum both q heads' rows inside the grouped GEMM's inner dimension."""
+    q, k, v = cuda_inputs(2, 6, 3, s, s, D, dtype)
+    _served(q, k)
+    _check(q, k, v, causal, config="bwd512g")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hq,hk,sq,sk,causal", [(1, 1, 1000, 1000, True), (4, 2, 1000, 1000, False),
+                                                (2, 2, 128, 1000, False), (8, 1, 8, 64, True)])
+def test_fallback_or_served_lengths(hq, hk, sq, sk, causal):
+    """Unserved lengths (1000 rows or keys) run bwd512 under the bwd512g name, right either way;
+    8 q heads of 8 rows make R = 64 and are served."""
+    q, k, v = cuda_inputs(1, hq, hk, sq, sk, D)
+    reason = kernels_bwd512g.unserved(q, k)
+    assert (reason is None) == (hq // hk * sq % 64 == 0 and sk % 64 == 0), reason
+    _check(q, k, v, causal, config="bwd512g")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hq,hk,sq,causal", [(2, 2, 256, True), (4, 2, 192, False)])
+def test_split_rows(hq, hk, sq, causal):
+    """A workspace smaller than one group's scores: row blocks of 64 multiples, dK and dV summed in FP32."""
+    q, k, v = cuda_inputs(2, hq, hk, sq, 320, D)
+    rows = hq // hk * sq
+    bound = rows * 320 * kernels_bwd512g.BYTES_PER_SCORE // 3
+    assert kernels_bwd512g.chunks(2 * hk, rows, 320, bound)[1] < rows
+    out, lse = kernels.forward(q, k, v, causal, None, True)
+    grad_out = torch.randn_like(q)
+    poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    got = kernels_bwd512g.backward512g(grad_out, q, k, v, out, lse, causal, None, grads=poisoned,
+                                       workspace_bytes=bound)
+    _assert_grads_close(got, _reference_grads(q, k, v, grad_out, causal), BF16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_bshd_inputs_and_scale(causal):
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in cuda_inputs(2, 4, 2, 192, 320, D))
+    _check(q, k, v, causal, scale=0.3, config="bwd512g")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hk", [(2, 2), (4, 2)])
+def test_nan_in_a_query_row_like_bwd512(causal, hq, hk):
+    """NaN in q row 40 of one head: the same NaN pattern as bwd512 (both multiply the full
+    products at 64 rows; P is an exact zero where masked), and other heads and batches finite."""
+    q, k, v = cuda_inputs(2, hq, hk, 64, 64, D)
+    q[0, 1, 40, 7] = float("nan")
+    out, lse = kernels.forward(q, k, v, causal, None, True)
+    grad_out = torch.randn_like(q)
+    want = kernels.backward(grad_out, q, k, v, out, lse, causal, None, "bwd512")
+    got = kernels.backward(grad_out, q, k, v, out, lse, causal, None, "bwd512g")
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.isnan().any() and torch.equal(g.isnan(), w.isnan()), f"{name}: NaN pattern differs from bwd512"
+        assert torch.isfinite(g[1]).all(), f"{name}: NaN leaked into another batch"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_agrees_with_bwd512(dtype, causal):
+    q, k, v = cuda_inputs(2, 4, 2, 1024, 1024, D, dtype)
+    _served(q, k)
+    out, lse = kernels.forward(q, k, v, causal, None, True)
+    grad_out = torch.randn_like(q)
+    want = kernels.backward(grad_out, q, k, v, out, lse, causal, None, "bwd512")
+    got = kernels.backward(grad_out, q, k, v, out, lse, causal, None, "bwd512g")
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = ((g.double() - w.double()).norm() / w.double().norm()).item()
+        assert err < (1e-2 if dtype == BF16 else 2e-3), f"{name}: bwd512g and bwd512 differ by {err:.3g}"
+        assert math.isfinite(err)

@@ -1,0 +1,199 @@
+"""Attention backward for head dim 512, all Gluon (config ``bwd512g``): kernels_bwd512's plan with
+its cuBLAS GEMMs and Triton softmax_grad replaced by one Gluon scores kernel
+(kernels_bwd512_scores) and three launches of tilefly's grouped Gluon GEMM
+(tilefly.ops.grouped_gemm). Same contract as kernels_bwd512.backward512, whose argument checks,
+contiguous [groups, rows, D] operands, delta kernel and chunking it shares (kernels_bwd512.prepare,
+chunking).
+
+Not yet run on a GPU: kernels.backward takes it by name, CI compiles its kernels, its GPU tests
+are written (tests/ops/attention/test_attention_bwd512g.py); it stays out of configs.CONFIGS and
+kernels.configs_for, so the tuner never times it and no database names it, until they pass.
+
+Per chunk of groups (a group: one batch's kv head and its G q heads, R = G * Sq rows):
+
+    scores kernel   P^T, dS^T [g, Sk, R] and dS [g, R, Sk] in the input dtype; S and dP stay in
+                    registers. Workspace traffic: 6 B/score written, 6 read by the GEMMs (dS is
+                    written in both orientations: the grouped GEMM reads A row-major only),
+                    against kernels_bwd512's 26 (FP32 S and dP written and read on top)
+    dV = P^T dO     grouped GEMM, A = P^T as [g * Sk, R], B = dO as [g, R, D] (row-major)
+    dK = dS^T Q     A = dS^T [g * Sk, R], B = Q [g, R, D]
+    dQ = dS K       A = dS [g * R, Sk], B = K [g, Sk, D]
+
+The grouped GEMM sums over its inner dimension, which for dK and dV runs over all G q heads' rows:
+the GQA reduction is free. Its groups are uniform here (``offs`` = multiples of Sk or R, built
+once per (groups, rows, device)). Outputs go straight into the gradient targets in the input
+dtype; when one group's rows are split across chunks (its scores exceed the workspace), dK and
+dV sum the row blocks' FP32 products.
+
+What it serves (``unserved`` gives the first reason it does not; kernels.backward then runs
+kernels_bwd512 instead, never a wrong result):
+
+    head dim 512                               the scores kernel's 8 chunks of 64 columns
+    R = G * Sq and Sk multiples of 64          row-major B: the grouped GEMM's K (R for dK, dV;
+                                               Sk for dQ) must be a multiple of its BLOCK_K (64),
+                                               else a group's last K-step reads the next group's
+                                               rows
+    the workspace holds 64 rows of a group     row blocks of a split group are multiples of 64 too
+    at most 65535 row tiles per chunk          the scores kernel's grid
+    CUDA tensors (checked last, so that the    the Gluon kernels
+      shape conditions answer on any device)
+
+Everything else the grouped GEMM asks for holds by construction: FP16/BF16 operands and outputs
+of one dtype (or FP32 partials), at most MAX_GROUPS groups per chunk, contiguous operands with
+16-byte aligned rows and bases (prepare makes q, k, v, dO contiguous; D = 512).
+
+Not done yet: kernels_bwd512's causal block skipping in the GEMMs (causal_edges): the scores
+kernel skips tiles above the diagonal, but the grouped GEMMs multiply their zeros.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tilefly import _device
+from tilefly.ops.attention import kernels_bwd512 as bwd512
+from tilefly.ops.attention import kernels_bwd512_scores as scores
+from tilefly.ops.grouped_gemm import launch as grouped
+from tilefly.ops.grouped_gemm.configs import MAX_GROUPS, GroupedConfig
+
+HEAD_DIM = 512
+BYTES_PER_SCORE = 2 + 2 + 2     # P^T, dS^T, dS (FP16/BF16)
+ROW_MULTIPLE = 64               # BLOCK_K of both GEMM configs: R and Sk must be multiples
+MAX_ROW_TILES = 65535           # grid axis 1 of the scores kernel
+LOG2E = 1.4426950408889634
+# Grouped GEMM configs (grouped_gemm.configs.DEFAULT[0] and [1]), untimed for these shapes: wide
+# tiles while they alone fill the SMs, else half-width tiles for twice as many programs.
+GEMM_WIDE = GroupedConfig(128, 256, 64, 3, 8)
+GEMM_NARROW = GroupedConfig(128, 128, 64, 4, 4)
+
+
+def chunks(groups: int, group_rows: int, sk: int, workspace_bytes: int) -> tuple[int, int]:
+    """(groups per chunk, rows per chunk): kernels_bwd512.chunking at 6 B/score, at most
+    MAX_GROUPS groups (the grouped GEMM's table), split rows in multiples of 64 (0: none fit)."""
+    n_groups, n_rows = bwd512.chunking(groups, group_rows, sk, workspace_bytes, BYTES_PER_SCORE)
+    if n_rows < group_rows:
+        n_rows = n_rows // ROW_MULTIPLE * ROW_MULTIPLE
+    return min(n_groups, MAX_GROUPS), n_rows
+
+
+def unserved(q: torch.Tensor, k: torch.Tensor, workspace_bytes: int = bwd512.WORKSPACE_BYTES) -> str | None:
+    """None when backward512g computes this backward (q B x Hq x Sq x D, k B x Hk x Sk x D, the
+    caller having checked kernels.unsupported()), else why not, in one line."""
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    if d != HEAD_DIM:
+        return f"head dim {d}: bwd512g serves {HEAD_DIM}"
+    rows = hq // hk * sq
+    if rows % ROW_MULTIPLE:
+        return (f"G * Sq = {rows} rows per kv head, not a multiple of {ROW_MULTIPLE}: the grouped GEMM "
+                f"(row-major B) needs the dK/dV inner size to be a multiple of its BLOCK_K")
+    if sk % ROW_MULTIPLE:
+        return (f"Sk = {sk}, not a multiple of {ROW_MULTIPLE}: the grouped GEMM (row-major B) needs the dQ "
+                f"inner size to be a multiple of its BLOCK_K")
+    _, n_rows = chunks(b * hk, rows, sk, workspace_bytes)
+    if n_rows < ROW_MULTIPLE:
+        return f"a {workspace_bytes}-byte workspace holds fewer than {ROW_MULTIPLE} rows of one group's scores"
+    if -(-n_rows // scores.BLOCK_M) > MAX_ROW_TILES:
+        return f"{n_rows} rows per chunk: more than {MAX_ROW_TILES} row tiles for the scores kernel's grid"
+    if not q.is_cuda:   # last, so that the shape conditions can be checked on any device
+        return f"tensors on {q.device.type}: bwd512g's Gluon kernels run on CUDA"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
+    """The grouped GEMM's ``offs`` for uniform groups: the end row of each (int32, on the device)."""
+    return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * rows
+
+
+def gemm_config(m: int, out: torch.Tensor) -> GroupedConfig:
+    """The grouped GEMM config for an m x 512 output."""
+    wide_tiles = -(-m // GEMM_WIDE.block_m) * (HEAD_DIM // GEMM_WIDE.block_n)
+    return GEMM_WIDE if wide_tiles >= _device.sm_count(out) else GEMM_NARROW
+
+
+def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, grouped._shared_layout(tuple(block), t.dtype))
+
+
+def _launch_scores(pb: bwd512.Problem, g0: int, r0: int, q_blk, do_blk, k_blk, v_blk, pt, dst, ds, causal: bool):
+    """P^T, dS^T and dS of one chunk (q_blk, do_blk [n, rows, D]; k_blk, v_blk [n, Sk, D];
+    pt, dst [n, Sk, rows]; ds [n, rows, Sk])."""
+    n, rows, d = q_blk.shape
+    sk = pb.sk
+    kv_box, q_box = [scores.BLOCK_N, scores.CHUNK], [scores.BLOCK_M, scores.CHUNK]
+    out_box = [1, scores.BLOCK_N, scores.BLOCK_M]     # = [1, BLOCK_M, BLOCK_N] of dS (square tiles)
+    k2, v2 = (_desc(t.view(n * sk, d), kv_box) for t in (k_blk, v_blk))
+    q2, do2 = (_desc(t.view(n * rows, d), q_box) for t in (q_blk, do_blk))
+    grid = (-(-sk // scores.BLOCK_N), -(-rows // scores.BLOCK_M), n)
+    scores.attention_bwd512_scores_kernel[grid](
+        k2, q2, v2, do2, _desc(pt, out_box), _desc(dst, out_box), _desc(ds, out_box), pb.lse, pb.delta, rows, sk,
+        pb.sq, g0, r0, pb.group_rows, pb.scale * LOG2E, pb.scale, BLOCK_M=scores.BLOCK_M, BLOCK_N=scores.BLOCK_N,
+        STAGES=scores.STAGES, CAUSAL=bool(causal), num_warps=scores.NUM_WARPS)
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor, groups: int, out: torch.Tensor) -> None:
+    """out = a @ b group by group (a [groups * m, k], b [groups, k, 512], out [groups * m, 512])."""
+    offs = _offsets(groups, a.shape[0] // groups, a.device)
+    grouped.run(gemm_config(a.shape[0], out), a, b, offs, out)
+
+
+def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, causal: bool, scale: float | None, *,
+                 grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 workspace_bytes: int = bwd512.WORKSPACE_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels_bwd512.backward512's contract for problems ``unserved`` accepts (ValueError otherwise)."""
+    reason = unserved(q, k, workspace_bytes)
+    if reason is not None:
+        raise ValueError(f"bwd512g does not serve this backward: {reason}")
+    pb = bwd512.prepare(grad_out, q, k, v, out, lse, scale, grads)
+    groups, group_rows, sk, d = pb.groups, pb.group_rows, pb.sk, HEAD_DIM
+    n_groups, n_rows = chunks(groups, group_rows, sk, workspace_bytes)
+    ws = torch.empty(3, n_groups * n_rows * sk, dtype=q.dtype, device=q.device)
+    split = n_rows < group_rows
+    acc = [torch.empty(sk, d, dtype=torch.float32, device=q.device) for _ in range(2)] if split else None
+    part = torch.empty(sk, d, dtype=torch.float32, device=q.device) if split else None
+
+    with bwd512.device_of(q):
+        for g0 in range(0, groups, n_groups):
+            g1 = min(groups, g0 + n_groups)
+            n = g1 - g0
+            for r0 in range(0, group_rows, n_rows):
+                r1 = min(group_rows, r0 + n_rows)
+                rows = r1 - r0
+                pt, dst = (w[:n * sk * rows].view(n, sk, rows) for w in ws[:2])
+                ds = ws[2, :n * rows * sk].view(n, rows, sk)
+                q_blk, do_blk, k_blk = pb.qs[g0:g1, r0:r1], pb.dos[g0:g1, r0:r1], pb.ks[g0:g1]
+                _launch_scores(pb, g0, r0, q_blk, do_blk, k_blk, pb.vs[g0:g1], pt, dst, ds, causal)
+                _gemm(ds.view(n * rows, sk), k_blk, n, pb.dqs[g0:g1, r0:r1].view(n * rows, d))
+                for i, (a, b, target) in enumerate(((pt, do_blk, pb.dvs), (dst, q_blk, pb.dks))):
+                    a = a.view(n * sk, rows)
+                    if not split:
+                        _gemm(a, b, n, target[g0:g1].view(n * sk, d))
+                    elif r0 == 0:
+                        _gemm(a, b, 1, acc[i])
+                    else:
+                        _gemm(a, b, 1, part)
+                        acc[i] += part
+            if split:
+                pb.dvs[g0].copy_(acc[0])
+                pb.dks[g0].copy_(acc[1])
+    return pb.finish()
+
+
+def compile_specs():
+    """The scores kernel's specs, and the grouped GEMM binaries this path launches that the
+    grouped_gemm family's own specs do not cover (row-major B, BF16 and FP16 out, both configs)."""
+    from tilefly.compile_check import KernelSpec
+    from tilefly.ops.grouped_gemm.configs import kernel_of, kernel_signature
+
+    specs = scores.compile_specs()
+    for cfg in (GEMM_WIDE, GEMM_NARROW):
+        for dtype in scores.DTYPES:
+            sig, constexprs = kernel_signature(cfg, dtype, False)
+            specs.append(KernelSpec(name=f"attention.bwd512g_gemm.{cfg.name}[{dtype},Brow]",
+                                    kernel=lambda cfg=cfg: kernel_of(cfg), signature=sig, constexprs=constexprs,
+                                    num_warps=cfg.num_warps, gluon=True, sass_must_contain=("HGMMA",)))
+    return specs
