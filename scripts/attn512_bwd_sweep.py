@@ -10,7 +10,9 @@ on the same forward output and lse (tilefly's d512 forward). bwd512g's gradients
 against bwd512's (relative norm of the difference, per gradient), so a fast but wrong run shows as
 such; a case bwd512g does not serve prints kernels_bwd512g.unserved's reason (kernels.backward
 then runs bwd512 under the bwd512g name). ``--parts`` also times the scores kernel and the three
-grouped GEMMs of the first chunk on their own.
+grouped GEMMs of the first chunk on their own. ``--causal-blocks 1,2,4,8`` also times bwd512g
+with each forced causal block count (causal, one q head per kv head; 1: the full products) next to
+the count its wave model picks (kernels_bwd512g.causal_edges), to refit SM_TFLOPS and LAUNCH_US.
 Timing: tilefly.bench.timing.measure (CUDA events, L2 flushed before each call, median).
 """
 import argparse
@@ -59,12 +61,31 @@ def parts(grad_out, q, k, v, out, lse, causal):
     return [(name, timing.measure(fn, POLICY)) for name, fn in steps.items()]
 
 
+def forced_blocks(grad_out, q, k, v, out, lse, counts, want):
+    """(name, Timing) of bwd512g's causal backward at each forced block count (checked against
+    ``want``, bwd512's gradients); the name marks the count the wave model picks for the first chunk."""
+    n = kernels_bwd512g.chunks(q.shape[0] * k.shape[1], q.shape[2], k.shape[2], kernels_bwd512.WORKSPACE_BYTES)[0]
+    edges = kernels_bwd512g.causal_edges(n, q.shape[2], k.shape[2], torch.cuda.get_device_properties(q.device)
+                                         .multi_processor_count)
+    picked = 1 if edges is None else len(edges) - 1
+    results = []
+    for count in (int(c) for c in counts.split(",")):
+        def run(count=count):
+            return kernels_bwd512g.backward512g(grad_out, q, k, v, out, lse, True, None, causal_blocks=count)
+        worst = max(((g.double() - w.double()).norm() / w.double().norm()).item() for g, w in zip(run(), want))
+        torch.cuda.synchronize()
+        name = f"blocks {count}{' (model)' if count == picked else ''} vs bwd512 {worst:.1e}"
+        results.append((name, timing.measure(run, POLICY)))
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", help="comma-separated attention.csv indices (default: all at head dim 512)")
     ap.add_argument("--gqa", type=int, default=2, help="also run each case with H / GQA kv heads (1: no GQA runs)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--parts", action="store_true", help="time bwd512g's scores kernel and GEMMs on their own")
+    ap.add_argument("--causal-blocks", help="comma-separated forced causal block counts to time bwd512g with")
     ap.add_argument("--json")
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
@@ -111,6 +132,10 @@ def main():
                 for name, t in parts(grad_out, q, k, v, out, lse, causal):
                     rows.append(dict(case=case, part=name, median_us=t.median_us))
                     print(f"{'':<40}   {name:<10} {t.median_us:9.1f} us (first chunk)", flush=True)
+            if args.causal_blocks and reason is None and causal and hk == h:
+                for name, t in forced_blocks(grad_out, q, k, v, out, lse, args.causal_blocks, grads["bwd512"]):
+                    rows.append(dict(case=case, part=name, median_us=t.median_us))
+                    print(f"{'':<40}   {name:<22} {t.median_us:9.1f} us", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(rows=rows, policy=POLICY.describe()), f, indent=1)

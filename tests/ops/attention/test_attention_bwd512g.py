@@ -1,10 +1,11 @@
 """tilefly's all-Gluon head-dim-512 attention backward (config bwd512g: kernels_bwd512g, its scores
 kernel kernels_bwd512_scores and the grouped GEMM): on CPU, what it serves and why not, that it is
 taken by name but kept out of the tuner's names, its kernels compiled for sm_90a (and the PTX
-properties of the design), and its host orchestration (chunks, split rows, GEMM operands, GQA)
-with the kernels replaced by float64 stand-ins; on the H200, dq, dk and dv against float64
-(BF16 and FP16, causal and not, GQA, Sq != Sk, served lengths and fallbacks), NaN as bwd512 has
-it, and equality with bwd512 within tolerance."""
+properties of the design), and its host orchestration (chunks, split rows, GEMM operands, GQA,
+the causal blocks' choice, launches and equality with the full products) with the kernels
+replaced by float64 stand-ins; on the H200, dq, dk and dv against float64 (BF16 and FP16, causal
+and not, GQA, Sq != Sk, served lengths and fallbacks), forced causal blocks bit for bit against
+the full products, NaN as bwd512 has it, and equality with bwd512 within tolerance."""
 import math
 import re
 
@@ -191,17 +192,26 @@ class _Scores:
         return run
 
 
-def _grouped_run(cfg, a, b, offs, out):
-    """grouped.run's result, after the checks its launcher makes (raising as it would)."""
-    g, k, n = b.shape
-    view = eligibility.b_view(tuple(b.shape), tuple(b.stride()), b.element_size())
-    assert eligibility.a_row_stride(tuple(a.shape), tuple(a.stride()), 2) is not None and view is not None
-    assert not view.kmajor and k % cfg.block_k == 0 and out.stride(1) == 1 and a.dtype == b.dtype
-    m = a.shape[0] // g
-    assert offs.dtype == torch.int32 and offs.tolist() == [m * (i + 1) for i in range(g)]
-    for i in range(g):
-        out[i * m:(i + 1) * m] = (a[i * m:(i + 1) * m].double() @ b[i].double()).to(out.dtype)
-    return out
+class _Grouped:
+    """grouped.run's result, after the checks its launcher makes (raising as it would); records
+    each launch's A, B and output (shape, stride, address) for the tests of what is launched."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __call__(self, cfg, a, b, offs, out):
+        g, k, n = b.shape
+        view = eligibility.b_view(tuple(b.shape), tuple(b.stride()), b.element_size())
+        assert eligibility.a_row_stride(tuple(a.shape), tuple(a.stride()), 2) is not None and view is not None
+        assert not view.kmajor and k % cfg.block_k == 0 and out.stride(1) == 1 and a.dtype == b.dtype
+        assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+        m = a.shape[0] // g
+        assert offs.dtype == torch.int32 and offs.tolist() == [m * (i + 1) for i in range(g)]
+        self.launches.append(dict(a=tuple(a.shape), a_stride=a.stride(0), b=tuple(b.shape), b_ptr=b.data_ptr(),
+                                  out=tuple(out.shape), out_ptr=out.data_ptr()))
+        for i in range(g):
+            out[i * m:(i + 1) * m] = (a[i * m:(i + 1) * m].double() @ b[i].double()).to(out.dtype)
+        return out
 
 
 @pytest.fixture
@@ -216,8 +226,10 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(kernels_bwd, "attention_bwd_delta_kernel", _Delta())
     fake = _Scores()
     monkeypatch.setattr(scores, "attention_bwd512_scores_kernel", fake)
-    monkeypatch.setattr(grouped, "run", _grouped_run)
+    gemms = _Grouped()
+    monkeypatch.setattr(grouped, "run", gemms)
     monkeypatch.setattr(_device, "sm_count", lambda t: 132)
+    fake.gemms = gemms.launches
     return fake
 
 
@@ -246,6 +258,183 @@ def test_orchestration_against_float64(stand_ins, b, hq, hk, sq, sk, causal, wor
     assert all(g is p for g, p in zip(got, poisoned))
     assert len(stand_ins.launches) == launches, stand_ins.launches
     want = _reference_grads(q, k, v, grad_out, causal, scale)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = ((g.double() - w).norm() / w.norm()).item()
+        assert err < 2e-2, f"{name}: relative error {err:.3g}"
+
+
+# ---- CPU: causal block skipping in the GEMMs (G = 1, no row split) -----------------------------------
+
+@pytest.mark.parametrize("sq,sk", [(512, 512), (512, 2048), (2048, 2048), (1984, 4096), (4096, 1024), (8192, 8192)])
+def test_block_edges_are_bwd512s_and_multiples_of_64(sq, sk):
+    bwd512_blocks = min(kernels_bwd512.CAUSAL_BLOCKS, sq // kernels_bwd512.CAUSAL_MIN_ROWS, -(-sk // 64))
+    assert kernels_bwd512g.block_edges(sq, bwd512_blocks) == kernels_bwd512.causal_edges(sq, sk)
+    for blocks in range(1, 9):
+        edges = kernels_bwd512g.block_edges(sq, blocks)
+        assert edges[0] == 0 and edges[-1] == sq and len(edges) - 1 <= blocks
+        assert all(e % 64 == 0 for e in edges) and all(a < b for a, b in zip(edges, edges[1:]))
+
+
+@pytest.mark.parametrize("sq,sk,blocks", [(2048, 2048, 8), (512, 512, 2), (384, 640, 3), (640, 256, 2),
+                                          (1984, 4096, 7), (4096, 1024, 8)])
+def test_causal_gemms_multiply_every_visible_score_once(sq, sk, blocks):
+    """Each gradient's block products cover every score query i sees (keys 0..i) exactly once and
+    none twice; outputs are disjoint and cover dQ's rows, dK's and dV's keys below Sq; every bound
+    is a multiple of 64. 8 blocks of a square do 9/16 of the full products' work."""
+    edges = kernels_bwd512g.block_edges(sq, blocks)
+    gemms = kernels_bwd512g.causal_gemms(sq, sk, edges)
+    visible = torch.ones(sq, sk, dtype=torch.bool).tril()
+    for name in ("dq", "dv", "dk"):
+        count = torch.zeros(sq, sk, dtype=torch.int64)
+        outputs = []
+        for lo, hi, k0, k1 in (r for n, *r in gemms if n == name):
+            assert all(x % 64 == 0 for x in (lo, hi, k0, k1)) and lo < hi and k0 < k1
+            if name == "dq":
+                count[lo:hi, k0:k1] += 1
+            else:
+                count[k0:k1, lo:hi] += 1
+            outputs.append((lo, hi))
+        assert count.max() == 1 and bool((count[visible] == 1).all()), name
+        assert sorted(outputs) == outputs and all(a[1] == b[0] for a, b in zip(outputs, outputs[1:]))
+        assert outputs[0][0] == 0 and outputs[-1][1] == (sq if name == "dq" else min(sq, sk))
+    if (sq, sk, blocks) == (2048, 2048, 8):
+        assert sum((hi - lo) * (k1 - k0) for _, lo, hi, k0, k1 in gemms) == 3 * sq * sk * 9 // 16
+
+
+@pytest.mark.parametrize("n,sq,sk,blocks", [
+    (1, 2048, 2048, 1), (8, 2048, 2048, 1), (1, 4096, 4096, 1), (8, 4096, 4096, 1),
+    (32, 2048, 2048, 1), (16, 4096, 4096, 1),      # the suite's causal head-dim-512 chunks
+    (1, 8192, 8192, 2), (5, 8192, 8192, 2), (1, 16384, 16384, 4), (8, 2048, 8192, 2),
+])
+def test_causal_edges_block_only_where_block_launches_fill_the_gpu(n, sq, sk, blocks):
+    """The wave model's choice: one group's block of m rows is one launch of ~m / 32 tiles that
+    lasts its K loop however few they are, so blocks pay only where the full product needs more
+    than one wave of tiles (past ~4k rows), or where keys past Sq are skipped."""
+    edges = kernels_bwd512g.causal_edges(n, sq, sk, 132)
+    assert (1 if edges is None else len(edges) - 1) == blocks
+    full = kernels_bwd512g.chunk_us(n, sq, sk, None, 132)
+    for forced in (2, 4, 8):
+        forced_edges = kernels_bwd512g.causal_edges(n, sq, sk, 132, forced)
+        assert forced_edges == tuple(kernels_bwd512g.block_edges(sq, forced))
+        assert kernels_bwd512g.chunk_us(n, sq, sk, forced_edges, 132) >= kernels_bwd512g.chunk_us(
+            n, sq, sk, edges, 132)
+    assert kernels_bwd512g.causal_edges(n, sq, sk, 132, 1) is None
+    if blocks == 1:
+        assert kernels_bwd512g.chunk_us(n, sq, sk, kernels_bwd512g.block_edges(sq, 8), 132) > 2 * full
+
+
+@pytest.mark.parametrize("n,sq,sk,blocks,launches", [
+    (1, 2048, 2048, 1, 3), (8, 2048, 2048, 1, 3),
+    (1, 2048, 2048, 8, 24), (8, 2048, 2048, 8, 192), (1, 4096, 4096, 8, 24), (8, 4096, 4096, 8, 192),
+    (8, 4096, 4096, 2, 48), (1, 8192, 8192, 2, 6), (5, 8192, 8192, 2, 30),
+    (2, 640, 256, 2, 6),       # dV and dK of the first block cover all keys and rows: once for both groups
+])
+def test_chunk_gemms_launch_counts(n, sq, sk, blocks, launches):
+    edges = kernels_bwd512g.causal_edges(n, sq, sk, 132, blocks)
+    got = kernels_bwd512g.chunk_gemms(n, sq, sk, edges)
+    assert len(got) == launches
+    if edges is None:
+        assert [g for _, g, *_ in got] == [None] * 3
+    groups = [g for _, g, *_ in got if g is not None]
+    assert groups == sorted(groups)       # one group's launches after another's
+
+
+def _decode(launches, q, k, grad_out, grads):
+    """(gradient, first group, groups, out_lo, out_hi, inner_lo, inner_hi) of each recorded GEMM
+    launch (G = 1), from its output's and B's addresses in the contiguous gradients and operands."""
+    decoded = []
+    for rec in launches:
+        name, target = next((n, t) for n, t in zip(("dq", "dk", "dv"), grads)
+                            if 0 <= rec["out_ptr"] - t.data_ptr() < t.numel() * t.element_size())
+        group, lo = divmod((rec["out_ptr"] - target.data_ptr()) // (D * 2), target.shape[2])
+        groups, inner = rec["b"][:2]
+        b = {"dq": k, "dk": q, "dv": grad_out}[name]
+        b_group, k0 = divmod((rec["b_ptr"] - b.data_ptr()) // (D * 2), b.shape[2])
+        m = rec["out"][0] // groups
+        assert b_group == group and rec["a"] == (groups * m, inner)
+        assert rec["a_stride"] == (k.shape[2] if name == "dq" else q.shape[2])   # dS or P^T, dS^T rows
+        decoded.append((name, group, groups, lo, lo + m, k0, k0 + inner))
+    return decoded
+
+
+def _blocked_run(b, sq, sk, blocks, hq=1, hk=1, workspace=2 << 30):
+    torch.manual_seed(1)
+    q, k, v = _cpu(b, hq, hk, sq, sk)
+    grad_out = torch.randn_like(q)
+    scale = 0.07
+    out, lse, _ = kernels_bwd512._reference(q, k, v, torch.zeros_like(q), True, scale)
+    poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    got = kernels_bwd512g.backward512g(grad_out, q, k, v, out.to(BF16), lse.float(), True, scale, grads=poisoned,
+                                       workspace_bytes=workspace, causal_blocks=blocks)
+    return (q, k, v, grad_out, scale), got
+
+
+def _expected_blocks(groups, sq, sk, edges):
+    """The block launches written out from kernels_bwd512's triangle (dQ by rows, dK and dV by keys)."""
+    out = []
+    for g in range(groups):
+        for a, b in zip(edges, edges[1:]):
+            out.append(("dq", g, 1, a, b, 0, min(b, sk)))
+            if a < min(b, sk):
+                out += [("dv", g, 1, a, min(b, sk), a, sq), ("dk", g, 1, a, min(b, sk), a, sq)]
+    return out
+
+
+@pytest.mark.parametrize("b,sq,sk,blocks,expected", [
+    (2, 512, 512, 4, _expected_blocks(2, 512, 512, [0, 128, 256, 384, 512])),
+    (1, 384, 640, 3, _expected_blocks(1, 384, 640, [0, 128, 256, 384])),     # keys 384.. see no row
+    (2, 640, 256, 2, [("dv", 0, 2, 0, 256, 0, 640), ("dk", 0, 2, 0, 256, 0, 640)]
+     + [("dq", g, 1, a, a + 320, 0, 256) for g in range(2) for a in (0, 320)]),
+])
+def test_causal_blocks_launch_the_triangle_and_equal_the_full_products(stand_ins, b, sq, sk, blocks, expected):
+    """Causal, G = 1: the GEMMs the stand-in sees are the blocks on or below the diagonal (sub-views
+    of the workspace and operands, one group a launch unless a product covers all of them), and
+    the gradients equal the full products' exactly (the skipped blocks are exact zeros; keys no row
+    sees get zero gradients); both against float64 too."""
+    (q, k, v, grad_out, scale), got = _blocked_run(b, sq, sk, blocks)
+    assert _decode(stand_ins.gemms, q, k, grad_out, got) == expected
+    assert len(stand_ins.launches) == 1
+    stand_ins.gemms.clear()
+    _, full = _blocked_run(b, sq, sk, 1)
+    assert sorted(r["a"] for r in stand_ins.gemms) == sorted([(b * sq, sk), (b * sk, sq), (b * sk, sq)])
+    for name, g, w in zip(("dq", "dk", "dv"), got, full):
+        assert torch.equal(g, w), f"{name}: the blocks differ from the full products"
+    if sk > sq:
+        assert bool((got[1][:, :, sq:] == 0).all() and (got[2][:, :, sq:] == 0).all())
+    want = _reference_grads(q, k, v, grad_out, True, scale)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = ((g.double() - w).norm() / w.norm()).item()
+        assert err < 2e-2, f"{name}: relative error {err:.3g}"
+
+
+def test_causal_blocks_are_the_models_choice_by_default(stand_ins, monkeypatch):
+    """Without ``causal_blocks`` the chunk asks causal_edges (with its group count and the SMs); at
+    the CPU tests' sizes the model takes the full products."""
+    asked = []
+    choose = kernels_bwd512g.causal_edges
+    monkeypatch.setattr(kernels_bwd512g, "causal_edges", lambda *a: asked.append(a) or choose(*a))
+    _blocked_run(3, 256, 256, None)
+    assert asked == [(3, 256, 256, 132, None)]
+    assert [r["a"] for r in stand_ins.gemms] == [(3 * 256, 256)] * 3
+
+
+@pytest.mark.parametrize("hq,hk,sq,sk,workspace_groups", [
+    (2, 1, 256, 320, None),     # GQA: a key block's rows would be G separate ranges
+    (4, 2, 128, 192, None),
+    (1, 1, 256, 256, 0.6),      # rows split in two chunks of 128: a block would cross them
+])
+def test_gqa_and_split_rows_take_the_full_products(stand_ins, hq, hk, sq, sk, workspace_groups):
+    """Causal with forced blocks: GQA chunks and split rows still launch each product once over the
+    chunk's groups and all its rows and keys, as bwd512 does."""
+    rows = hq // hk * sq
+    workspace = 2 << 30 if workspace_groups is None else int(workspace_groups * rows * sk * 6)
+    n_groups, n_rows = kernels_bwd512g.chunks(hk, rows, sk, workspace)
+    (q, k, v, grad_out, scale), got = _blocked_run(1, sq, sk, 4, hq, hk, workspace)
+    chunk_rows = [min(n_rows, rows - r0) for r0 in range(0, rows, n_rows)]
+    want_shapes = sorted(s for r in chunk_rows for s in ((n_groups * r, sk),
+                                                         (n_groups * sk, r), (n_groups * sk, r)))
+    assert sorted(rec["a"] for rec in stand_ins.gemms) == want_shapes
+    want = _reference_grads(q, k, v, grad_out, True, scale)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         err = ((g.double() - w).norm() / w.norm()).item()
         assert err < 2e-2, f"{name}: relative error {err:.3g}"
@@ -347,6 +536,23 @@ def test_split_rows(hq, hk, sq, causal):
     got = kernels_bwd512g.backward512g(grad_out, q, k, v, out, lse, causal, None, grads=poisoned,
                                        workspace_bytes=bound)
     _assert_grads_close(got, _reference_grads(q, k, v, grad_out, causal), BF16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("b,h,sq,sk,blocks", [(1, 1, 2048, 2048, 8), (2, 1, 1024, 1536, 4), (2, 2, 1536, 1024, 3)])
+def test_causal_blocks_equal_the_full_products(b, h, sq, sk, blocks):
+    """Forced causal blocks (the wave model takes the full products at these sizes; one group per
+    launch, sub-view operands): they skip only exact zeros and keep the full products' 64-aligned
+    K steps, so the gradients are the full products' bit for bit, and right against float64."""
+    q, k, v = cuda_inputs(b, h, h, sq, sk, D)
+    _served(q, k)
+    out, lse = kernels.forward(q, k, v, True, None, True)
+    grad_out = torch.randn_like(q)
+    full = kernels_bwd512g.backward512g(grad_out, q, k, v, out, lse, True, None, causal_blocks=1)
+    got = kernels_bwd512g.backward512g(grad_out, q, k, v, out, lse, True, None, causal_blocks=blocks)
+    for name, g, w in zip(("dq", "dk", "dv"), got, full):
+        assert torch.equal(g, w), f"{name}: blocks differ from the full products by {(g - w).abs().max().item()}"
+    _assert_grads_close(got, _reference_grads(q, k, v, grad_out, True), BF16)
 
 
 @pytest.mark.cuda

@@ -42,8 +42,30 @@ Everything else the grouped GEMM asks for holds by construction: FP16/BF16 opera
 of one dtype (or FP32 partials), at most MAX_GROUPS groups per chunk, contiguous operands with
 16-byte aligned rows and bases (prepare makes q, k, v, dO contiguous; D = 512).
 
-Not done yet: kernels_bwd512's causal block skipping in the GEMMs (causal_edges): the scores
-kernel skips tiles above the diagonal, but the grouped GEMMs multiply their zeros.
+Causal with one q head per kv head (G = 1) and no row split: the GEMMs may skip the blocks above
+the diagonal, as kernels_bwd512 does (dQ by row blocks over the keys they see, dK and dV by key
+blocks over the rows that see them; edges multiples of 64, the GEMMs' BLOCK_K), still through the
+grouped GEMM, on sub-views of the workspace and operands. What the grouped GEMM cannot express
+decides when that pays:
+
+    one K per launch        the triangle has a different K per block: one launch per block
+    packed B groups         b_view takes B's group stride only as K x row stride (or one group):
+                            K[:, :kend], Q[:, a:] and dO[:, a:] of several groups are not packed
+                            (nor are several groups' row blocks of dS as A rows), so with n groups
+                            in a chunk a block product is n launches of one group each
+    no split-K              output-stationary tiles: a launch of m rows x 512 has ~m / 32 tiles,
+                            fewer than the SMs below ~4k rows, and lasts one tile's K loop anyway
+
+So blocks cost launches and idle SMs where bwd512's batched cuBLAS products cost neither: 8 groups
+x 8 blocks are 192 launches, and 8 blocks of even one 2048-row group take ~4.5x the full products'
+GEMM time in a wave model of the launches (chunk_us; SM_TFLOPS and LAUNCH_US are estimates until
+the sweep times them). ``causal_edges`` picks the block count from that model, full products
+included: the full products at the head-dim-512 suite's shapes (2048 and 4096 rows, 16 and 32
+groups a chunk) and wherever one group's full product fits one wave of tiles (up to ~4k rows);
+past that, blocks of at most ~4k rows (2 at 8192, 4 at 16384: ~25% and ~38% less GEMM time in the
+model); and blocks where keys outnumber rows, whose keys past Sq no row sees (2 blocks for 2048
+rows x 8192 keys). ``causal_blocks`` forces a count (tests, scripts/attn512_bwd_sweep.py
+--causal-blocks).
 """
 from __future__ import annotations
 
@@ -108,10 +130,14 @@ def _offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
     return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * rows
 
 
+def _config(m: int, sms: int) -> GroupedConfig:
+    wide_tiles = -(-m // GEMM_WIDE.block_m) * (HEAD_DIM // GEMM_WIDE.block_n)
+    return GEMM_WIDE if wide_tiles >= sms else GEMM_NARROW
+
+
 def gemm_config(m: int, out: torch.Tensor) -> GroupedConfig:
     """The grouped GEMM config for an m x 512 output."""
-    wide_tiles = -(-m // GEMM_WIDE.block_m) * (HEAD_DIM // GEMM_WIDE.block_n)
-    return GEMM_WIDE if wide_tiles >= _device.sm_count(out) else GEMM_NARROW
+    return _config(m, _device.sm_count(out))
 
 
 def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -140,11 +166,119 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, groups: int, out: torch.Tensor) -> N
     grouped.run(gemm_config(a.shape[0], out), a, b, offs, out)
 
 
+# ---- causal, one q head per kv head: the GEMMs over the blocks on or below the diagonal ------------
+
+CAUSAL_BLOCKS = bwd512.CAUSAL_BLOCKS          # at most this many row (and key) blocks
+CAUSAL_MIN_ROWS = bwd512.CAUSAL_MIN_ROWS      # rows per block at least (unless forced)
+# The wave model's estimates (H200, untimed for these shapes): the BF16 tensor throughput one SM
+# sustains in a grouped-GEMM tile (~70% of 989 TFLOP/s over 132 SMs), and the host's cost of one
+# launch (a cached plan's replay), which the GPU hides only behind launches that run longer.
+SM_TFLOPS = 5.0
+LAUNCH_US = 7.0
+
+
+def block_edges(sq: int, blocks: int) -> list[int]:
+    """Edges [0, ..., Sq] of at most ``blocks`` row blocks, all multiples of 64 for Sq one (the
+    formula of kernels_bwd512.causal_edges, whose edges these are at its block count)."""
+    step = -(-sq // (blocks * ROW_MULTIPLE)) * ROW_MULTIPLE
+    return list(range(0, sq, step)) + [sq]
+
+
+def causal_gemms(sq: int, sk: int, edges) -> list[tuple[str, int, int, int, int]]:
+    """The block products as (gradient, out_lo, out_hi, inner_lo, inner_hi): dQ rows [a, b) over
+    keys [0, min(b, Sk)), dV and dK keys [a, min(b, Sk)) over rows [a, Sq), since query i sees keys
+    0..i. Every bound is a multiple of 64 (Sq and Sk are): the row-major B's K. Keys from Sq on
+    are in no block: no row sees them."""
+    gemms = []
+    for a, b in zip(edges, edges[1:]):
+        end = min(b, sk)
+        gemms.append(("dq", a, b, 0, end))
+        if a < end:
+            gemms += [("dv", a, end, a, sq), ("dk", a, end, a, sq)]
+    return gemms
+
+
+def _whole(name: str, lo: int, hi: int, k0: int, k1: int, sq: int, sk: int) -> bool:
+    """True when a product covers its gradient's every row and inner index: only then do several
+    groups' operands stay one packed B and uniformly strided A rows (one launch for the chunk)."""
+    return (hi - lo, k1 - k0) == ((sq, sk) if name == "dq" else (sk, sq))
+
+
+def chunk_gemms(n: int, sq: int, sk: int, edges) -> list[tuple[str, int | None, int, int, int, int]]:
+    """A causal chunk's GEMM launches (G = 1, Sq rows a group) in order, as (gradient, group or
+    None for all n groups at once, out_lo, out_hi, inner_lo, inner_hi): the three full products
+    (edges None), else the products causal_gemms lists, each n launches of one group unless whole;
+    a group's launches follow each other (its operands stay in L2). Launches per chunk besides
+    the scores kernel: 3 for the full products; blocked, n x (blocks + 2 x blocks starting below
+    Sk), whole products once instead of n times, plus two zero fills when Sk > Sq."""
+    if edges is None:
+        return [("dv", None, 0, sk, 0, sq), ("dk", None, 0, sk, 0, sq), ("dq", None, 0, sq, 0, sk)]
+    gemms = causal_gemms(sq, sk, edges)
+    whole = [(name, None, *r) for name, *r in gemms if _whole(name, *r, sq, sk)]
+    return whole + [(name, g, *r) for g in range(n) for name, *r in gemms if not _whole(name, *r, sq, sk)]
+
+
+def _gemm_us(rows: int, inner: int, groups: int, sms: int) -> float:
+    """Wave model of one grouped-GEMM launch of ``groups`` groups of rows x 512 outputs over
+    ``inner``: output-stationary tiles (no split-K) run in waves of one a SM, each wave one
+    tile's K loop however few tiles it holds."""
+    cfg = _config(groups * rows, sms)
+    tiles = groups * -(-rows // cfg.block_m) * (HEAD_DIM // cfg.block_n)
+    return -(-tiles // sms) * 2 * cfg.block_m * cfg.block_n * inner / (SM_TFLOPS * 1e6)
+
+
+def chunk_us(n: int, sq: int, sk: int, edges, sms: int) -> float:
+    """Wave-model time of a causal chunk's GEMMs: their GPU time, or the host's when its launches
+    take longer."""
+    if edges is None:
+        return max(_gemm_us(sq, sk, n, sms) + 2 * _gemm_us(sk, sq, n, sms), 3 * LAUNCH_US)
+    gpu, launches = 0.0, 2 if sk > sq else 0
+    for name, *r in causal_gemms(sq, sk, edges):
+        lo, hi, k0, k1 = r
+        times = 1 if _whole(name, *r, sq, sk) else n
+        gpu += times * _gemm_us(hi - lo, k1 - k0, n // times, sms)
+        launches += times
+    return max(gpu, launches * LAUNCH_US)
+
+
+@functools.lru_cache(maxsize=256)
+def causal_edges(n: int, sq: int, sk: int, sms: int, blocks: int | None = None) -> tuple[int, ...] | None:
+    """Block edges for a causal chunk of n groups (G = 1, Sq rows each, no row split), or None for
+    the full products: ``blocks`` blocks when given (1: none), else the count of at most
+    CAUSAL_BLOCKS, CAUSAL_MIN_ROWS rows a block, that the wave model finds fastest (fewest blocks
+    on a tie)."""
+    if blocks is not None:
+        return tuple(block_edges(sq, blocks)) if blocks > 1 else None
+    most = min(CAUSAL_BLOCKS, sq // CAUSAL_MIN_ROWS, sk // ROW_MULTIPLE)
+    candidates = [None] + [tuple(block_edges(sq, b)) for b in range(2, most + 1)]
+    return min(candidates, key=lambda edges: chunk_us(n, sq, sk, edges, sms))
+
+
+def _causal_gemms(pb: bwd512.Problem, g0: int, n: int, pt, dst, ds, edges) -> None:
+    """dQ, dK and dV of a causal chunk (G = 1, all Sq rows) as chunk_gemms lists them, from the
+    chunk's P^T, dS^T [n, Sk, Sq] and dS [n, Sq, Sk]; the blocks skipped hold exact zeros (the
+    scores kernel's), so the sums are the full products'."""
+    sq, sk, g1 = pb.sq, pb.sk, g0 + n
+    operands = {"dq": (ds, pb.ks, pb.dqs), "dv": (pt, pb.dos, pb.dvs), "dk": (dst, pb.qs, pb.dks)}
+    for name, g, lo, hi, k0, k1 in chunk_gemms(n, sq, sk, edges):
+        a, b, target = operands[name]
+        if g is None:
+            _gemm(a.view(n * a.shape[1], a.shape[2]), b[g0:g1], n, target[g0:g1].view(n * a.shape[1], HEAD_DIM))
+        else:   # one group: its A rows have the workspace's row stride, its B any offset (b_view, G = 1)
+            _gemm(a[g, lo:hi, k0:k1], b[g0 + g, k0:k1].unsqueeze(0), 1, target[g0 + g, lo:hi])
+    if sk > sq:
+        pb.dvs[g0:g1, sq:].zero_()
+        pb.dks[g0:g1, sq:].zero_()
+
+
 def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, causal: bool, scale: float | None, *,
                  grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                 workspace_bytes: int = bwd512.WORKSPACE_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """kernels_bwd512.backward512's contract for problems ``unserved`` accepts (ValueError otherwise)."""
+                 workspace_bytes: int = bwd512.WORKSPACE_BYTES,
+                 causal_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels_bwd512.backward512's contract for problems ``unserved`` accepts (ValueError otherwise).
+    ``causal_blocks``: the causal block count where blocks apply (G = 1, no row split; 1: the full
+    products), instead of causal_edges's choice."""
     reason = unserved(q, k, workspace_bytes)
     if reason is not None:
         raise ValueError(f"bwd512g does not serve this backward: {reason}")
@@ -155,11 +289,14 @@ def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     split = n_rows < group_rows
     acc = [torch.empty(sk, d, dtype=torch.float32, device=q.device) for _ in range(2)] if split else None
     part = torch.empty(sk, d, dtype=torch.float32, device=q.device) if split else None
+    # GQA: a key block's rows would be G separate ranges; split rows: the blocks would cross chunks.
+    blocked = causal and pb.group == 1 and not split
 
     with bwd512.device_of(q):
         for g0 in range(0, groups, n_groups):
             g1 = min(groups, g0 + n_groups)
             n = g1 - g0
+            edges = causal_edges(n, pb.sq, sk, _device.sm_count(q), causal_blocks) if blocked else None
             for r0 in range(0, group_rows, n_rows):
                 r1 = min(group_rows, r0 + n_rows)
                 rows = r1 - r0
@@ -167,6 +304,9 @@ def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 ds = ws[2, :n * rows * sk].view(n, rows, sk)
                 q_blk, do_blk, k_blk = pb.qs[g0:g1, r0:r1], pb.dos[g0:g1, r0:r1], pb.ks[g0:g1]
                 _launch_scores(pb, g0, r0, q_blk, do_blk, k_blk, pb.vs[g0:g1], pt, dst, ds, causal)
+                if edges is not None:
+                    _causal_gemms(pb, g0, n, pt, dst, ds, edges)
+                    continue
                 _gemm(ds.view(n * rows, sk), k_blk, n, pb.dqs[g0:g1, r0:r1].view(n * rows, d))
                 for i, (a, b, target) in enumerate(((pt, do_blk, pb.dvs), (dst, q_blk, pb.dks))):
                     a = a.view(n * sk, rows)
