@@ -182,3 +182,16 @@ def all_thread_decisions():
     """The router's decisions made in any thread while open, in call order: autograd runs the
     backward of CUDA tensors on its own device thread, which a plain recording() does not see."""
     return _dispatch.recording(all_threads=True)
+
+
+def assert_compiles_without_spills(spec, smem_limit=None):
+    """Compile ``spec`` for sm_90a on CPU: it must build, with no local memory or stack (spills),
+    and within ``smem_limit`` bytes of shared memory when given."""
+    from tilefly.compile_check import compile_one
+
+    result = compile_one(spec)
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0, result.row()
+    if smem_limit is not None:
+        assert result.shared <= smem_limit, result.row()
+    return result

@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 
 from tilefly import _device, _dispatch, config  # noqa: E402
 from tilefly.ops.attention import configs, database, kernels, kernels_bwd512  # noqa: E402
-from attention_standins import LENGTHS, all_thread_decisions, cuda_inputs, db_entry, write_db  # noqa: E402
+from attention_standins import (LENGTHS, all_thread_decisions, assert_compiles_without_spills,  # noqa: E402
+                                cuda_inputs, db_entry, write_db)
 from test_attention_bwd import _assert_grads_close, _check, _reference_grads  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -67,14 +68,15 @@ def test_backward_dispatches_head_dim_512(monkeypatch):
             kernels.backward(q, q, k, v, q, lse, True, None, cfg)
 
 
-def test_forward_takes_bwd512_as_its_default(monkeypatch):
-    """The tuner times bwd512's backward after a forward called with the same config name."""
+@pytest.mark.parametrize("name", ["bwd512", "bwd512g"])
+def test_forward_takes_bwd512_as_its_default(monkeypatch, name):
+    """The tuner times a head-dim-512 backward after a forward called with the same config name."""
     from tilefly.ops.attention import kernels_fwd512
 
     seen = []
     monkeypatch.setattr(kernels_fwd512, "forward512", lambda *a, **kw: seen.append(a[6]) or ("out", "lse"))
     q, k, v = _cpu()
-    assert kernels.forward(q, k, v, False, None, True, "bwd512") == ("out", "lse")
+    assert kernels.forward(q, k, v, False, None, True, name) == ("out", "lse")
     assert seen == [None]
 
 
@@ -121,14 +123,10 @@ def test_causal_edges():
 # ---- CPU: compile and interpret ----------------------------------------------------------------
 
 def test_kernels_compile_for_sm90a_without_spills():
-    from tilefly.compile_check import compile_one
-
     specs = kernels_bwd512.compile_specs()
     assert len(specs) == 6 and len({s.name for s in specs}) == 6
     for spec in specs:
-        result = compile_one(spec)
-        assert result.ok, result.error
-        assert result.local == 0 and result.stack == 0, result.row()
+        assert_compiles_without_spills(spec)
 
 
 def test_softmax_grad_loads_16_byte_vectors():

@@ -20,7 +20,7 @@ from tilefly.ops.attention import kernels_bwd512_scores as scores  # noqa: E402
 from tilefly.ops.grouped_gemm import eligibility  # noqa: E402
 from tilefly.ops.grouped_gemm import launch as grouped  # noqa: E402
 from tilefly.ops.grouped_gemm.configs import MAX_GROUPS  # noqa: E402
-from attention_standins import cuda_inputs  # noqa: E402
+from attention_standins import assert_compiles_without_spills, cuda_inputs  # noqa: E402
 from test_attention_bwd import _assert_grads_close, _check, _reference_grads  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -78,16 +78,6 @@ def test_bwd512g_is_taken_by_name_but_not_offered_to_the_tuner():
             check()
 
 
-def test_forward_takes_bwd512g_as_its_default(monkeypatch):
-    from tilefly.ops.attention import kernels_fwd512
-
-    seen = []
-    monkeypatch.setattr(kernels_fwd512, "forward512", lambda *a, **kw: seen.append(a[6]) or ("out", "lse"))
-    q, k, v = _cpu()
-    assert kernels.forward(q, k, v, False, None, True, "bwd512g") == ("out", "lse")
-    assert seen == [None]
-
-
 @pytest.mark.parametrize("reason", [None, "R not a multiple of 64"])
 def test_backward_runs_bwd512g_where_served_else_bwd512(monkeypatch, reason):
     calls = []
@@ -120,12 +110,7 @@ def test_specs_are_shipped_with_the_attention_family():
 
 @pytest.mark.parametrize("spec", scores.compile_specs(), ids=lambda s: s.name)
 def test_scores_kernel_compiles_without_spills(spec):
-    from tilefly.compile_check import compile_one
-
-    result = compile_one(spec)
-    assert result.ok, result.error
-    assert result.local == 0 and result.stack == 0, result.row()
-    assert result.shared <= configs.SMEM_LIMIT, result.row()
+    assert_compiles_without_spills(spec, configs.SMEM_LIMIT)
 
 
 def test_wgmmas_are_not_serialized():
@@ -490,22 +475,16 @@ def test_matches_float64(b, h, dtype, causal, s):
     _check(q, k, v, causal, config="bwd512g")
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("sq,sk", [(64, 192), (192, 128), (128, 2048)])
-@pytest.mark.parametrize("dtype", [BF16, torch.float16])
-def test_sq_ne_sk(dtype, sq, sk):
-    q, k, v = cuda_inputs(2, 2, 2, sq, sk, D, dtype)
-    _served(q, k)
-    _check(q, k, v, False, config="bwd512g")
+SHAPES = ([(2, 2, sq, sk, False) for sq, sk in ((64, 192), (192, 128), (128, 2048))]      # Sq != Sk
+          + [(6, 3, s, s, causal) for s in (64, 128, 2048) for causal in (False, True)])   # GQA
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("s", [64, 128, 2048])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hk,sq,sk,causal", SHAPES)
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
-def test_grouped_query_attention(dtype, causal, s):
+def test_sq_ne_sk_and_grouped_query_attention(dtype, hq, hk, sq, sk, causal):
     """Hq = 2 Hk: dK and dV sum both q heads' rows inside the grouped GEMM's inner dimension."""
-    q, k, v = cuda_inputs(2, 6, 3, s, s, D, dtype)
+    q, k, v = cuda_inputs(2, hq, hk, sq, sk, D, dtype)
     _served(q, k)
     _check(q, k, v, causal, config="bwd512g")
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from tilefly.ops.attention import configs, kernels_fwd512  # noqa: E402 - needs triton
-from attention_standins import cuda_inputs, poisoned_outputs, reference as _reference  # noqa: E402
+from attention_standins import (assert_compiles_without_spills, cuda_inputs, poisoned_outputs,  # noqa: E402
+                                reference as _reference)
 
 BF16 = torch.bfloat16
 
@@ -56,12 +57,7 @@ def test_compile_specs_cover_every_config_dtype_and_mask():
 
 @pytest.mark.parametrize("spec", kernels_fwd512.compile_specs(), ids=lambda s: s.name)
 def test_every_spec_compiles_for_sm90a_without_spills(spec):
-    from tilefly.compile_check import compile_one
-
-    result = compile_one(spec)
-    assert result.ok, result.error
-    assert result.local == 0 and result.stack == 0, result.row()
-    assert result.shared <= configs.SMEM_LIMIT, result.row()
+    assert_compiles_without_spills(spec, configs.SMEM_LIMIT)
 
 
 @pytest.mark.parametrize("config", kernels_fwd512.CONFIGS)

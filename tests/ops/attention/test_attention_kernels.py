@@ -9,11 +9,11 @@ import torch.nn.functional as F
 
 from tilefly import _device, _dispatch, config
 from tilefly.ops.attention import backends, configs, database, kernels
-from attention_standins import (LENGTHS, all_thread_decisions, cuda_inputs as _inputs, db_entry,
+from attention_standins import (LENGTHS, all_thread_decisions, assert_compiles_without_spills,
+                                cuda_inputs as _inputs, db_entry,
                                 poisoned_outputs, reference as _reference, write_db)
 
 BF16 = torch.bfloat16
-ALL_FWD = configs.FWD_CONFIGS
 
 
 def _cpu(b=2, hq=4, hk=4, sq=64, sk=64, d=64, dtype=BF16):
@@ -98,7 +98,7 @@ def test_config_names_and_what_they_serve():
     assert [kernels.config_for(None, d, 4096).name for d in (32, 64, 96, 128, 192, 256)] == \
         ["m128n128", "m128n128", "m128n128w", "m128n128w", "m128n64w", "m128n64w"]
     assert kernels.config_for(None, 128, 64).name == "m64n64"
-    for name, cfg in ALL_FWD.items():
+    for name, cfg in configs.FWD_CONFIGS.items():
         assert name == f"m{cfg.block_m}n{cfg.block_n}{'p' if cfg.overlap else ''}{'w' if cfg.pingpong else ''}"
         if cfg.pingpong:   # the launch holds consumer warpgroup 0; Q/O boxes are one warpgroup's rows
             assert cfg.block_m == 128 and cfg.num_warps == 4 and cfg.box_rows == 64 and not cfg.overlap
@@ -116,7 +116,7 @@ def test_config_names_and_what_they_serve():
 
 def test_padded_head_dims_and_ring_depths():
     assert [configs.kernel_head_dim(d) for d in configs.HEAD_DIMS] == [32, 64, 128, 128, 256, 256]
-    for cfg in ALL_FWD.values():
+    for cfg in configs.FWD_CONFIGS.values():
         for d in (32, 64, 128, 256):
             stages = cfg.stages(d)
             if cfg.serves(d):
@@ -138,7 +138,7 @@ def test_compile_specs_cover_every_config_dtype_head_dim_and_mask():
     specs = [s for s in configs.compile_specs() if s.name.startswith("attention.fwd.")]
     names = [s.name for s in specs]
     assert len(set(names)) == len(names)
-    expected = {(cfg.name, dtype, d, causal) for cfg in ALL_FWD.values() for dtype in ("bf16", "fp16")
+    expected = {(cfg.name, dtype, d, causal) for cfg in configs.FWD_CONFIGS.values() for dtype in ("bf16", "fp16")
                 for d in (32, 64, 128, 256) if cfg.serves(d) for causal in (False, True)}
     got = {(n.split(".")[2].split("[")[0], n.split("[")[1].split(",")[0], s.constexprs["HEAD_DIM"],
             s.constexprs["CAUSAL"]) for n, s in zip(names, specs)}
@@ -150,11 +150,7 @@ def test_compile_specs_cover_every_config_dtype_head_dim_and_mask():
                                                  ("m128n128w", "fp16", 128, False)])
 def test_a_few_configs_compile_for_sm90a(cfg, dtype, d, causal):
     pytest.importorskip("triton")
-    from tilefly.compile_check import compile_one
-
-    result = compile_one(configs.spec(ALL_FWD[cfg], dtype, configs.kernel_head_dim(d), causal))
-    assert result.ok, result.error
-    assert result.local == 0 and result.stack == 0
+    assert_compiles_without_spills(configs.spec(configs.FWD_CONFIGS[cfg], dtype, configs.kernel_head_dim(d), causal))
 
 
 @pytest.mark.parametrize("cfg,d", [("m128n64", 128), ("m128n64p", 128), ("m128n128p", 64), ("m128n128w", 128),
@@ -165,7 +161,7 @@ def test_wgmmas_are_not_serialized(cfg, d):
     pytest.importorskip("triton")
     from tilefly.compile_check import ptxas_report
 
-    spec = configs.spec(ALL_FWD[cfg], "bf16", d, True)
+    spec = configs.spec(configs.FWD_CONFIGS[cfg], "bf16", d, True)
     report = ptxas_report(spec)
     assert "Used" in report and "C7514" not in report, report
 

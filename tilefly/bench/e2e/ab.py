@@ -99,17 +99,8 @@ def logits_agreement(ref: list[torch.Tensor], test: list[torch.Tensor], ref_toke
         scale = r_rows.abs().max().clamp_min(1e-30)
         rel_err.append(float((t_rows - r_rows).abs().max() / scale))
         top1.append(float((r_rows.argmax(-1) == t_rows.argmax(-1)).double().mean()))
-    measured = [e for e in rel_err if e is not None]
-    matches = ref_tokens == test_tokens
-    diverged = ~matches.all(dim=1)
-    first_div = [int(row.logical_not().nonzero()[0]) for row in matches[diverged]]
-    return {"rel_err": rel_err, "rows_compared": rows_compared, "tol": tol,
-            "max_rel_err": max(measured) if measured else None,
-            "ok": bool(measured) and max(measured) <= tol,
-            "top1_match": min(top1) if top1 else None,
-            "token_match": float(matches.double().mean()),
-            "rows_diverged": int(diverged.sum()),
-            "first_divergence": min(first_div) if first_div else None}
+    return split.agreement_summary(rel_err, rows_compared, top1, ref_tokens == test_tokens, tol)
+
 
 
 def _compile_counters() -> dict[str, int]:

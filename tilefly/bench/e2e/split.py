@@ -104,6 +104,21 @@ def _top_err(rv: torch.Tensor, ri: torch.Tensor, tv: torch.Tensor, ti: torch.Ten
     return torch.maximum(shared, torch.maximum(ref_only, test_only))
 
 
+def agreement_summary(rel_err: list[float | None], rows_compared: list[int], top1: list[float],
+                      matches: torch.Tensor, tol: float) -> dict[str, Any]:
+    """The agreement record from per-step errors and the token match matrix (requests x steps);
+    shared by ab.logits_agreement (one process) and agreement (two)."""
+    measured = [e for e in rel_err if e is not None]
+    diverged = ~matches.all(dim=1)
+    first_div = [int(row.logical_not().nonzero()[0]) for row in matches[diverged]]
+    return {"rel_err": rel_err, "rows_compared": rows_compared, "tol": tol,
+            "max_rel_err": max(measured) if measured else None,
+            "ok": bool(measured) and max(measured) <= tol,
+            "top1_match": min(top1) if top1 else None,
+            "token_match": float(matches.double().mean()),
+            "rows_diverged": int(diverged.sum()),
+            "first_divergence": min(first_div) if first_div else None}
+
 def agreement(ref: dict[str, Any], test: dict[str, Any], tol: float) -> dict[str, Any]:
     """``ab.logits_agreement``'s figures from two ``side_check`` records."""
     r_tok, t_tok = unpack(ref["tokens"]).long(), unpack(test["tokens"]).long()
@@ -127,18 +142,8 @@ def agreement(ref: dict[str, Any], test: dict[str, Any], tol: float) -> dict[str
         rel_err.append(float(err / absmax[s][same].max().clamp_min(1e-30)))
         top1.append(float((r_tok[same, s] == t_tok[same, s]).double().mean()))
     n = min(r_tok.shape[1], t_tok.shape[1])
-    matches = r_tok[:, :n] == t_tok[:, :n]
-    diverged = ~matches.all(dim=1)
-    first_div = [int(row.logical_not().nonzero()[0]) for row in matches[diverged]]
-    measured = [e for e in rel_err if e is not None]
     r_timed, t_timed = unpack(ref["timed"]), unpack(test["timed"])
-    return {"rel_err": rel_err, "rows_compared": rows_compared, "tol": tol,
-            "max_rel_err": max(measured) if measured else None,
-            "ok": bool(measured) and max(measured) <= tol,
-            "top1_match": min(top1) if top1 else None,
-            "token_match": float(matches.double().mean()),
-            "rows_diverged": int(diverged.sum()),
-            "first_divergence": min(first_div) if first_div else None,
+    return {**agreement_summary(rel_err, rows_compared, top1, r_tok[:, :n] == t_tok[:, :n], tol),
             "timed_token_match": float((r_timed == t_timed).double().mean())
             if r_timed.shape == t_timed.shape else None,
             "basis": f"separate runs: top-{TOPK} of every request, all of request 0's at step {ref.get('full_step')}"}

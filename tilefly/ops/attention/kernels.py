@@ -56,6 +56,9 @@ LOG2E = 1.4426950408889634
 FORWARD = ("fwd", "forward")
 BACKWARD = ("bwd", "backward")
 
+# Every name that selects a head-dim-512 backward, timed by the tuner or taken by name only.
+BWD512_NAMES = BWD512_CONFIG_NAMES + BWD512_UNTIMED_CONFIG_NAMES
+
 
 def _tma_reason(name: str, t: torch.Tensor) -> str | None:
     if t.stride(-1) != 1:
@@ -108,7 +111,7 @@ def configs_for(direction: str, head_dim: int | None = None) -> tuple[str, ...]:
 
 
 def config_for(config: str | None, head_dim: int, sq: int) -> FwdConfig:
-    if config in FWD512_CONFIG_NAMES or config in BWD512_CONFIG_NAMES or config in BWD512_UNTIMED_CONFIG_NAMES:
+    if config in FWD512_CONFIG_NAMES or config in BWD512_NAMES:
         raise ValueError(f"attention config {config} serves head dim 512 only")
     if config is not None and config not in FWD_CONFIGS and config not in BWD_CONFIGS:
         raise ValueError(f"unknown attention config {config!r}")
@@ -154,8 +157,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         from tilefly.ops.attention.kernels_fwd512 import forward512
 
         # As below, a backward config named to the forward runs the default forward config.
-        backward_config = (config in BWD_CONFIGS or config in BWD512_CONFIG_NAMES
-                           or config in BWD512_UNTIMED_CONFIG_NAMES)
+        backward_config = config in BWD_CONFIGS or config in BWD512_NAMES
         return forward512(q, k, v, causal, scale, need_lse, None if backward_config else config,
                           out=out, lse=lse)
     from tilefly.ops.attention.kernels_fwd import attention_fwd_kernel
@@ -201,7 +203,7 @@ def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
 
 
 def bwd_config_for(config: str | None, head_dim: int, sk: int) -> BwdConfig:
-    if config in BWD512_CONFIG_NAMES or config in BWD512_UNTIMED_CONFIG_NAMES:
+    if config in BWD512_NAMES:
         raise ValueError(f"attention config {config} serves head dim 512 only")
     if config is not None and config not in BWD_CONFIGS:
         raise ValueError(f"attention config {config!r} is not a backward config ({', '.join(BWD_CONFIGS)})")
@@ -227,10 +229,9 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     if q.shape[-1] == 512:
         from tilefly.ops.attention.kernels_bwd512 import backward512
 
-        names = BWD512_CONFIG_NAMES + BWD512_UNTIMED_CONFIG_NAMES
-        if config is not None and config not in names:
+        if config is not None and config not in BWD512_NAMES:
             raise ValueError(f"attention config {config!r} is not a head dim 512 backward config "
-                             f"({', '.join(names)})")
+                             f"({', '.join(BWD512_NAMES)})")
         if config == "bwd512g":
             from tilefly.ops.attention import kernels_bwd512g
 
