@@ -98,8 +98,8 @@ def test_backward_checks_its_arguments():
 
 def test_backward_configs():
     assert tuple(configs.BWD_CONFIGS) == ("bwd64x64", "bwd128x64")
-    assert kernels.CONFIGS[-3:] == tuple(configs.BWD_CONFIGS) + configs.BWD512_CONFIG_NAMES
-    assert kernels.configs_for("bwd") == kernels.configs_for("backward") == kernels.CONFIGS[-3:]
+    assert kernels.CONFIGS[-4:] == tuple(configs.BWD_CONFIGS) + configs.BWD512_CONFIG_NAMES
+    assert kernels.configs_for("bwd") == kernels.configs_for("backward") == kernels.CONFIGS[-4:]
     assert kernels.configs_for("fwd") == tuple(configs.FWD_CONFIGS) + configs.FWD512_CONFIG_NAMES
     assert set(kernels.configs_for("fwd")) | set(kernels.configs_for("bwd")) == set(kernels.CONFIGS)
     for name, cfg in configs.BWD_CONFIGS.items():

@@ -42,9 +42,9 @@ def test_head_dim_512_backward_is_served(hopper, hq, hk, sq, sk, causal):
         assert kernels.unsupported(*_cpu(2, hq, hk, sq, sk), causal, direction) is None
 
 
-def test_bwd512_is_the_only_config_of_head_dim_512_backward():
-    assert configs.BWD512_CONFIG_NAMES == ("bwd512",)
-    assert kernels.configs_for("bwd", 512) == kernels.configs_for("backward", 512) == ("bwd512",)
+def test_bwd512_and_bwd512g_are_the_configs_of_head_dim_512_backward():
+    assert configs.BWD512_CONFIG_NAMES == ("bwd512", "bwd512g")
+    assert kernels.configs_for("bwd", 512) == kernels.configs_for("backward", 512) == ("bwd512", "bwd512g")
     assert "bwd512" in kernels.CONFIGS and "bwd512" in kernels.configs_for("bwd")
     assert "bwd512" not in kernels.configs_for("fwd") and "bwd512" not in kernels.configs_for("fwd", 512)
     for d in configs.HEAD_DIMS:

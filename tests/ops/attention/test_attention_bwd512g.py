@@ -67,12 +67,14 @@ def test_chunks_split_rows_in_multiples_of_64_and_cap_groups():
 
 # ---- CPU: naming, dispatch -----------------------------------------------------------------------
 
-def test_bwd512g_is_taken_by_name_but_not_offered_to_the_tuner():
-    assert configs.BWD512_UNTIMED_CONFIG_NAMES == ("bwd512g",)
-    assert "bwd512g" not in configs.CONFIGS and "bwd512g" not in kernels.CONFIGS
-    assert kernels.configs_for("bwd", 512) == ("bwd512",)
-    for direction in ("fwd", "bwd", "forward", "backward"):
+def test_bwd512g_is_a_head_dim_512_backward_config_the_tuner_times():
+    assert "bwd512g" in configs.CONFIGS and "bwd512g" in kernels.CONFIGS
+    assert kernels.configs_for("bwd", 512) == ("bwd512", "bwd512g")
+    assert "bwd512g" in kernels.configs_for("backward")
+    for direction in ("fwd", "forward"):
         assert "bwd512g" not in kernels.configs_for(direction)
+    for d in configs.HEAD_DIMS:
+        assert "bwd512g" not in kernels.configs_for("bwd", d)
     for check in (lambda: kernels.config_for("bwd512g", 64, 100), lambda: kernels.bwd_config_for("bwd512g", 64, 100)):
         with pytest.raises(ValueError, match="head dim 512 only"):
             check()

@@ -117,12 +117,9 @@ BWD_CONFIGS: dict[str, BwdConfig] = {c.name: c for c in (
     BwdConfig(128, 64),
 )}
 FWD512_CONFIG_NAMES = ("d512n64p",)     # head dim 512: kernels_fwd512.FWD512_CONFIGS
-BWD512_CONFIG_NAMES = ("bwd512",)       # head dim 512 backward: kernels_bwd512 (cuBLAS GEMMs around a Triton kernel)
-# Head dim 512 backward, all Gluon (kernels_bwd512g: a scores kernel and tilefly's grouped GEMM).
-# Not yet run on a GPU: kernels.backward takes it by name and CI compiles its kernels, but it stays
-# out of CONFIGS and configs_for (so the tuner never times it and no database names it) until its
-# GPU tests (test_attention_bwd512g) pass on the H200.
-BWD512_UNTIMED_CONFIG_NAMES = ("bwd512g",)
+# Head dim 512 backward: kernels_bwd512 (cuBLAS GEMMs around a Triton kernel) and kernels_bwd512g
+# (all Gluon: a scores kernel and tilefly's grouped GEMM; problems it does not serve run bwd512).
+BWD512_CONFIG_NAMES = ("bwd512", "bwd512g")
 CONFIGS = tuple(FWD_CONFIGS) + FWD512_CONFIG_NAMES + tuple(BWD_CONFIGS) + BWD512_CONFIG_NAMES
 
 

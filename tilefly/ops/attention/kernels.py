@@ -27,8 +27,8 @@ grad_out in any layout (copied to a contiguous one when TMA cannot read it, e.g.
 gradient of a sum); dq, dk and dv are allocated like q, k and v. Head dim 512 runs
 kernels_bwd512.py instead: cuBLAS batched GEMMs around one Triton elementwise kernel (config
 ``bwd512``), same contract; config ``bwd512g`` runs the all-Gluon kernels_bwd512g.py where its
-predicate (``kernels_bwd512g.unserved``) admits the problem and bwd512 elsewhere. bwd512g is
-taken by name only: not yet run on a GPU, it is in neither CONFIGS nor ``configs_for``.
+predicate (``kernels_bwd512g.unserved``) admits the problem and bwd512 elsewhere; the tuner
+times both.
 
 Configs: one name space (``CONFIGS``) holds the forward configs ``m..n..`` and the backward
 configs ``bwd..x..`` (configs.py), because the tuner pairs one config name with both calls when
@@ -44,7 +44,7 @@ import math
 import torch
 
 from tilefly import _device
-from tilefly.ops.attention.configs import BWD512_CONFIG_NAMES, BWD512_UNTIMED_CONFIG_NAMES, FWD512_CONFIG_NAMES
+from tilefly.ops.attention.configs import BWD512_CONFIG_NAMES, FWD512_CONFIG_NAMES
 from tilefly.ops.attention.configs import (BWD_CONFIGS, CONFIGS,  # noqa: F401 - CONFIGS
                                            FWD_CONFIGS, HEAD_DIMS, BwdConfig, FwdConfig, default_bwd_config,
                                            default_config, delta_blocks, dkdv_chunk, kernel_head_dim)
@@ -55,9 +55,6 @@ MAX_GRID_Y = 65535
 LOG2E = 1.4426950408889634
 FORWARD = ("fwd", "forward")
 BACKWARD = ("bwd", "backward")
-
-# Every name that selects a head-dim-512 backward, timed by the tuner or taken by name only.
-BWD512_NAMES = BWD512_CONFIG_NAMES + BWD512_UNTIMED_CONFIG_NAMES
 
 
 def _tma_reason(name: str, t: torch.Tensor) -> str | None:
@@ -111,7 +108,7 @@ def configs_for(direction: str, head_dim: int | None = None) -> tuple[str, ...]:
 
 
 def config_for(config: str | None, head_dim: int, sq: int) -> FwdConfig:
-    if config in FWD512_CONFIG_NAMES or config in BWD512_NAMES:
+    if config in FWD512_CONFIG_NAMES or config in BWD512_CONFIG_NAMES:
         raise ValueError(f"attention config {config} serves head dim 512 only")
     if config is not None and config not in FWD_CONFIGS and config not in BWD_CONFIGS:
         raise ValueError(f"unknown attention config {config!r}")
@@ -157,7 +154,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         from tilefly.ops.attention.kernels_fwd512 import forward512
 
         # As below, a backward config named to the forward runs the default forward config.
-        backward_config = config in BWD_CONFIGS or config in BWD512_NAMES
+        backward_config = config in BWD_CONFIGS or config in BWD512_CONFIG_NAMES
         return forward512(q, k, v, causal, scale, need_lse, None if backward_config else config,
                           out=out, lse=lse)
     from tilefly.ops.attention.kernels_fwd import attention_fwd_kernel
@@ -203,7 +200,7 @@ def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
 
 
 def bwd_config_for(config: str | None, head_dim: int, sk: int) -> BwdConfig:
-    if config in BWD512_NAMES:
+    if config in BWD512_CONFIG_NAMES:
         raise ValueError(f"attention config {config} serves head dim 512 only")
     if config is not None and config not in BWD_CONFIGS:
         raise ValueError(f"attention config {config!r} is not a backward config ({', '.join(BWD_CONFIGS)})")
@@ -229,9 +226,9 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     if q.shape[-1] == 512:
         from tilefly.ops.attention.kernels_bwd512 import backward512
 
-        if config is not None and config not in BWD512_NAMES:
+        if config is not None and config not in BWD512_CONFIG_NAMES:
             raise ValueError(f"attention config {config!r} is not a head dim 512 backward config "
-                             f"({', '.join(BWD512_NAMES)})")
+                             f"({', '.join(BWD512_CONFIG_NAMES)})")
         if config == "bwd512g":
             from tilefly.ops.attention import kernels_bwd512g
 

@@ -5,10 +5,6 @@ its cuBLAS GEMMs and Triton softmax_grad replaced by one Gluon scores kernel
 contiguous [groups, rows, D] operands, delta kernel and chunking it shares (kernels_bwd512.prepare,
 chunking).
 
-Not yet run on a GPU: kernels.backward takes it by name, CI compiles its kernels, its GPU tests
-are written (tests/ops/attention/test_attention_bwd512g.py); it stays out of configs.CONFIGS and
-kernels.configs_for, so the tuner never times it and no database names it, until they pass.
-
 Per chunk of groups (a group: one batch's kv head and its G q heads, R = G * Sq rows):
 
     scores kernel   P^T, dS^T [g, Sk, R] and dS [g, R, Sk] in the input dtype; S and dP stay in
