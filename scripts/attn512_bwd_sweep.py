@@ -4,8 +4,8 @@ attention suite's head-dim-512 cases (tilefly/bench/cases/attention.csv), plus a
 
     PYTHONPATH=. python scripts/attn512_bwd_sweep.py [--cases 15,16] [--gqa 2] [--dtype fp16] [--json PATH]
 
-Why: bwd512g is taken by name but kept out of the tuner until it has run on a GPU; this says
-whether it is right there and what it costs before it joins BWD512_CONFIG_NAMES. Both configs run
+Why: the tuner times both configs per workload; this says where bwd512g is right and what its
+parts cost (``--extra`` adds shapes off the suite, e.g. lengths off the tile). Both configs run
 on the same forward output and lse (tilefly's d512 forward). bwd512g's gradients are checked
 against bwd512's (relative norm of the difference, per gradient), so a fast but wrong run shows as
 such; a case bwd512g does not serve prints kernels_bwd512g.unserved's reason (kernels.backward
@@ -86,14 +86,17 @@ def main():
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--parts", action="store_true", help="time bwd512g's scores kernel and GEMMs on their own")
     ap.add_argument("--causal-blocks", help="comma-separated forced causal block counts to time bwd512g with")
+    ap.add_argument("--extra", action="append", default=[], metavar="B,H,S,CAUSAL",
+                    help="also time this shape (e.g. 2,8,1000,1: lengths off the tile, K-major B copies)")
     ap.add_argument("--json")
     args = ap.parse_args()
     dtype = DTYPES[args.dtype]
     wanted = {int(x) for x in args.cases.split(",")} if args.cases else None
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {POLICY.describe()}", flush=True)
     rows = []
-    for index, b, h, s, causal in suite_cases():
-        if wanted is not None and index not in wanted:
+    extra = [("x",) + tuple(int(x) for x in spec.split(",")) for spec in args.extra]
+    for index, b, h, s, causal in suite_cases() + [(i, b, h, s, bool(c)) for i, b, h, s, c in extra]:
+        if wanted is not None and index not in wanted and index != "x":
             continue
         for hk in dict.fromkeys((h, h // max(1, args.gqa))):
             g = torch.Generator(device="cuda").manual_seed(index)

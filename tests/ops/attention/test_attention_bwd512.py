@@ -152,12 +152,15 @@ def test_whole_backward_under_the_interpreter():
 
 # ---- GPU: gradients against float64 ------------------------------------------------------------
 
+BOTH = ["bwd512", "bwd512g"]     # bwd512g is the default where served (kernels.backward)
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("sq,sk", LENGTHS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b,h", [(1, 1), (3, 5)])
-def test_backward512_matches_float64(b, h, causal, sq, sk):
-    _check(*cuda_inputs(b, h, h, sq, sk, D), causal)
+@pytest.mark.parametrize("config", BOTH)
+def test_backward512_matches_float64(b, h, causal, sq, sk, config):
+    _check(*cuda_inputs(b, h, h, sq, sk, D), causal, config=config)
 
 
 @pytest.mark.cuda
@@ -175,9 +178,10 @@ def test_scores_come_from_bmm_with_fp32_output():
 @pytest.mark.parametrize("sq,sk", [(333, 333), (77, 1000), (1000, 17)])
 @pytest.mark.parametrize("hq,hk", [(4, 2), (8, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_grouped_query_attention(hq, hk, causal, sq, sk):
+@pytest.mark.parametrize("config", BOTH)
+def test_grouped_query_attention(hq, hk, causal, sq, sk, config):
     """dK and dV of a kv head: one GEMM whose inner dimension runs over its G q heads' rows."""
-    _check(*cuda_inputs(2, hq, hk, sq, sk, D), causal)
+    _check(*cuda_inputs(2, hq, hk, sq, sk, D), causal, config=config)
 
 
 @pytest.mark.cuda
@@ -190,8 +194,9 @@ def test_causal_blocks(b, h, sq, sk):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("scale", [0.05, 0.3, 2.0])
-def test_scale(scale):
-    _check(*cuda_inputs(2, 3, 3, 150, 260, D), True, scale=scale)
+@pytest.mark.parametrize("config", BOTH)
+def test_scale(scale, config):
+    _check(*cuda_inputs(2, 3, 3, 150, 260, D), True, scale=scale, config=config)
 
 
 @pytest.mark.cuda
@@ -237,7 +242,8 @@ def test_chunked_workspaces(hq, hk, sq, sk, causal, groups_per_chunk):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("causal", [False, True])
-def test_nan_in_a_query_row(causal):
+@pytest.mark.parametrize("config", BOTH)
+def test_nan_in_a_query_row(causal, config):
     """A NaN in q row 40 of one (batch, head): NaN exactly where PyTorch's float64 math backward has
     it, except for keys the causal mask hides from row 40. There math's softmax spreads the NaN
     into dV (its masked row is all NaN) and its dS^T Q product puts 0 * NaN into column 7 of dK,
@@ -248,7 +254,7 @@ def test_nan_in_a_query_row(causal):
     q[0, 1, 40, 7] = float("nan")
     out, lse = kernels.forward(q, k, v, causal, None, True)
     grad_out = torch.randn_like(q)
-    got = kernels.backward(grad_out, q, k, v, out, lse, causal, None)
+    got = kernels.backward(grad_out, q, k, v, out, lse, causal, None, config)
     want = _reference_grads(q, k, v, grad_out, causal)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(g[1]).all() and torch.isfinite(g[0, 0]).all(), f"{name}: NaN leaked"

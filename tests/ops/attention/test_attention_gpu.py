@@ -358,8 +358,9 @@ def test_tuner_measures_valid_entries():
             assert database.validate_entry(e) is None, e
             if w.head_dim == 512 and w.gqa and e["direction"] == "bwd":
                 # no stock fused backward runs head dim 512 with GQA (the efficient kernel takes no
-                # GQA): PyTorch's math path; tilefly's GEMM backward (kernels_bwd512) is timed alone
-                assert e["default"] == "math" and set(e["times_us"]) == {"tilefly_fa/bwd512"}, e
+                # GQA): PyTorch's math path; tilefly's two head-dim-512 backwards are timed alone
+                assert e["default"] == "math" and set(e["times_us"]) == {"tilefly_fa/bwd512",
+                                                                         "tilefly_fa/bwd512g"}, e
                 continue
             assert e["times_us"], f"nothing was measured: {e}"
             if e["default"] in database.BACKENDS:

@@ -11,9 +11,19 @@ Per chunk of groups (a group: one batch's kv head and its G q heads, R = G * Sq 
                     registers. Workspace traffic: 6 B/score written, 6 read by the GEMMs (dS is
                     written in both orientations: the grouped GEMM reads A row-major only),
                     against kernels_bwd512's 26 (FP32 S and dP written and read on top)
-    dV = P^T dO     grouped GEMM, A = P^T as [g * Sk, R], B = dO as [g, R, D] (row-major)
+    dV = P^T dO     grouped GEMM, A = P^T as [g * Sk, R], B = dO as [g, R, D]
     dK = dS^T Q     A = dS^T [g * Sk, R], B = Q [g, R, D]
     dQ = dS K       A = dS [g * R, Sk], B = K [g, Sk, D]
+
+B is read row-major (the operands as prepare() leaves them) when its K (R for dK and dV, Sk for
+dQ) is a multiple of the GEMMs' BLOCK_K (64). Otherwise a group's last K-step would read the next
+group's first rows: times A's zero-filled tail columns that is exact zero for finite values, but
+0 x Inf is NaN, which would carry one group's non-finite input into another's gradients. So such
+a B is copied K-major ([g, D, K], rows padded to 8 elements), which the grouped GEMM reads through
+a [g * D, K] view whose K tail TMA zero-fills per group; the copy moves 4 B per operand element,
+small next to the 12 B a score the workspace moves. The workspace's rows are padded to 8 elements
+(16 bytes, what TMA needs of a row stride) and its descriptors clip at R and Sk, so any R and Sk
+run.
 
 The grouped GEMM sums over its inner dimension, which for dK and dV runs over all G q heads' rows:
 the GQA reduction is free. Its groups are uniform here (``offs`` = multiples of Sk or R, built
@@ -25,22 +35,20 @@ What it serves (``unserved`` gives the first reason it does not; kernels.backwar
 kernels_bwd512 instead, never a wrong result):
 
     head dim 512                               the scores kernel's 8 chunks of 64 columns
-    R = G * Sq and Sk multiples of 64          row-major B: the grouped GEMM's K (R for dK, dV;
-                                               Sk for dQ) must be a multiple of its BLOCK_K (64),
-                                               else a group's last K-step reads the next group's
-                                               rows
-    the workspace holds 64 rows of a group     row blocks of a split group are multiples of 64 too
+    the workspace holds 64 rows of a group     row blocks of a split group are multiples of 64 (a
+                                               16-byte aligned start in Q and dO)
     at most 65535 row tiles per chunk          the scores kernel's grid
     CUDA tensors (checked last, so that the    the Gluon kernels
       shape conditions answer on any device)
 
 Everything else the grouped GEMM asks for holds by construction: FP16/BF16 operands and outputs
-of one dtype (or FP32 partials), at most MAX_GROUPS groups per chunk, contiguous operands with
-16-byte aligned rows and bases (prepare makes q, k, v, dO contiguous; D = 512).
+of one dtype (or FP32 partials), at most MAX_GROUPS groups per chunk, 16-byte aligned rows and
+bases (prepare makes q, k, v, dO contiguous; D = 512; K-major copies and workspace rows padded).
 
-Causal with one q head per kv head (G = 1) and no row split: the GEMMs may skip the blocks above
-the diagonal, as kernels_bwd512 does (dQ by row blocks over the keys they see, dK and dV by key
-blocks over the rows that see them; edges multiples of 64, the GEMMs' BLOCK_K), still through the
+Causal with one q head per kv head (G = 1), no row split, Sq and Sk multiples of 64: the GEMMs
+may skip the blocks above the diagonal, as kernels_bwd512 does (dQ by row blocks over the keys
+they see, dK and dV by key blocks over the rows that see them; edges multiples of 64, the GEMMs'
+BLOCK_K, so row-major B sub-views stay whole K-steps), still through the
 grouped GEMM, on sub-views of the workspace and operands. What the grouped GEMM cannot express
 decides when that pays:
 
@@ -53,15 +61,13 @@ decides when that pays:
                             fewer than the SMs below ~4k rows, and lasts one tile's K loop anyway
 
 So blocks cost launches and idle SMs where bwd512's batched cuBLAS products cost neither: 8 groups
-x 8 blocks are 192 launches, and 8 blocks of even one 2048-row group take ~4.5x the full products'
-GEMM time in a wave model of the launches (chunk_us; SM_TFLOPS and LAUNCH_US are estimates until
-the sweep times them). ``causal_edges`` picks the block count from that model, full products
-included: the full products at the head-dim-512 suite's shapes (2048 and 4096 rows, 16 and 32
-groups a chunk) and wherever one group's full product fits one wave of tiles (up to ~4k rows);
-past that, blocks of at most ~4k rows (2 at 8192, 4 at 16384: ~25% and ~38% less GEMM time in the
-model); and blocks where keys outnumber rows, whose keys past Sq no row sees (2 blocks for 2048
-rows x 8192 keys). ``causal_blocks`` forces a count (tests, scripts/attn512_bwd_sweep.py
---causal-blocks).
+x 8 blocks are 192 launches. ``causal_edges`` picks the block count from a wave model of the
+launches (chunk_us), full products included. Its two constants are fitted to the H200 sweep
+(scripts/attn512_bwd_sweep.py --causal-blocks, BENCHMARKS.md session 16): the full products' GEMMs
+took 623 and 1148 us at the suite's causal shapes (model 644 and 1288), and every forced block
+count was slower, each one-group block launch adding 35-61 us. So the model takes the full products wherever a chunk holds several groups
+or up to ~4k rows, and blocks only for long single groups (2 at 8192 rows, 4 at 16384).
+``causal_blocks`` forces a count (tests, the sweep).
 """
 from __future__ import annotations
 
@@ -78,7 +84,8 @@ from tilefly.ops.grouped_gemm.configs import MAX_GROUPS, GroupedConfig
 
 HEAD_DIM = 512
 BYTES_PER_SCORE = 2 + 2 + 2     # P^T, dS^T, dS (FP16/BF16)
-ROW_MULTIPLE = 64               # BLOCK_K of both GEMM configs: R and Sk must be multiples
+ROW_MULTIPLE = 64               # BLOCK_K of both GEMM configs: row-major B's K a multiple of it
+ROW_PAD = 8                     # elements of a 16-byte row (FP16/BF16): TMA's row stride unit
 MAX_ROW_TILES = 65535           # grid axis 1 of the scores kernel
 LOG2E = 1.4426950408889634
 # Grouped GEMM configs (grouped_gemm.configs.DEFAULT[0] and [1]), untimed for these shapes: wide
@@ -104,14 +111,8 @@ def unserved(q: torch.Tensor, k: torch.Tensor, workspace_bytes: int = bwd512.WOR
     if d != HEAD_DIM:
         return f"head dim {d}: bwd512g serves {HEAD_DIM}"
     rows = hq // hk * sq
-    if rows % ROW_MULTIPLE:
-        return (f"G * Sq = {rows} rows per kv head, not a multiple of {ROW_MULTIPLE}: the grouped GEMM "
-                f"(row-major B) needs the dK/dV inner size to be a multiple of its BLOCK_K")
-    if sk % ROW_MULTIPLE:
-        return (f"Sk = {sk}, not a multiple of {ROW_MULTIPLE}: the grouped GEMM (row-major B) needs the dQ "
-                f"inner size to be a multiple of its BLOCK_K")
     _, n_rows = chunks(b * hk, rows, sk, workspace_bytes)
-    if n_rows < ROW_MULTIPLE:
+    if n_rows == 0:     # chunks() splits a group in multiples of 64 rows
         return f"a {workspace_bytes}-byte workspace holds fewer than {ROW_MULTIPLE} rows of one group's scores"
     if -(-n_rows // scores.BLOCK_M) > MAX_ROW_TILES:
         return f"{n_rows} rows per chunk: more than {MAX_ROW_TILES} row tiles for the scores kernel's grid"
@@ -156,6 +157,27 @@ def _launch_scores(pb: bwd512.Problem, g0: int, r0: int, q_blk, do_blk, k_blk, v
         STAGES=scores.STAGES, CAUSAL=bool(causal), num_warps=scores.NUM_WARPS)
 
 
+def _padded(x: int) -> int:
+    return -(-x // ROW_PAD) * ROW_PAD
+
+
+def _b_operand(b: torch.Tensor) -> torch.Tensor:
+    """b [g, K, D] as the GEMMs read it: itself when K is a multiple of BLOCK_K, else the same
+    values K-major (a [g, D, K] copy with rows padded to 16 bytes, viewed back as [g, K, D])."""
+    g, k, d = b.shape
+    if k % ROW_MULTIPLE == 0:
+        return b
+    kmajor = torch.empty(g, d, _padded(k), dtype=b.dtype, device=b.device)[:, :, :k]
+    kmajor.copy_(b.transpose(1, 2))
+    return kmajor.transpose(1, 2)
+
+
+def _workspace(ws: torch.Tensor, n: int, rows: int, sk: int):
+    """P^T, dS^T [n, Sk, rows] and dS [n, rows, Sk] over the workspace, rows padded to 16 bytes."""
+    pt, dst = (w[:n * sk * _padded(rows)].view(n, sk, _padded(rows))[:, :, :rows] for w in ws[:2])
+    return pt, dst, ws[2, :n * rows * _padded(sk)].view(n, rows, _padded(sk))[:, :, :sk]
+
+
 def _gemm(a: torch.Tensor, b: torch.Tensor, groups: int, out: torch.Tensor) -> None:
     """out = a @ b group by group (a [groups * m, k], b [groups, k, 512], out [groups * m, 512])."""
     offs = _offsets(groups, a.shape[0] // groups, a.device)
@@ -166,11 +188,12 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, groups: int, out: torch.Tensor) -> N
 
 CAUSAL_BLOCKS = bwd512.CAUSAL_BLOCKS          # at most this many row (and key) blocks
 CAUSAL_MIN_ROWS = bwd512.CAUSAL_MIN_ROWS      # rows per block at least (unless forced)
-# The wave model's estimates (H200, untimed for these shapes): the BF16 tensor throughput one SM
-# sustains in a grouped-GEMM tile (~70% of 989 TFLOP/s over 132 SMs), and the host's cost of one
-# launch (a cached plan's replay), which the GPU hides only behind launches that run longer.
+# The wave model's constants, fitted to the H200 sweep (module docstring): the BF16 tensor
+# throughput one SM sustains in a grouped-GEMM tile (~70% of 989 TFLOP/s over 132 SMs), and what
+# one one-group block launch costs the host (35-61 us measured), which the GPU hides only behind
+# launches that run longer.
 SM_TFLOPS = 5.0
-LAUNCH_US = 7.0
+LAUNCH_US = 50.0
 
 
 def block_edges(sq: int, blocks: int) -> list[int]:
@@ -281,31 +304,33 @@ def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     pb = bwd512.prepare(grad_out, q, k, v, out, lse, scale, grads)
     groups, group_rows, sk, d = pb.groups, pb.group_rows, pb.sk, HEAD_DIM
     n_groups, n_rows = chunks(groups, group_rows, sk, workspace_bytes)
-    ws = torch.empty(3, n_groups * n_rows * sk, dtype=q.dtype, device=q.device)
+    ws = torch.empty(3, n_groups * max(sk * _padded(n_rows), n_rows * _padded(sk)), dtype=q.dtype, device=q.device)
     split = n_rows < group_rows
     acc = [torch.empty(sk, d, dtype=torch.float32, device=q.device) for _ in range(2)] if split else None
     part = torch.empty(sk, d, dtype=torch.float32, device=q.device) if split else None
-    # GQA: a key block's rows would be G separate ranges; split rows: the blocks would cross chunks.
-    blocked = causal and pb.group == 1 and not split
+    # GQA: a key block's rows would be G separate ranges; split rows: the blocks would cross chunks;
+    # block edges are multiples of 64 (row-major B sub-views).
+    blocked = causal and pb.group == 1 and not split and pb.sq % ROW_MULTIPLE == 0 and sk % ROW_MULTIPLE == 0
 
     with bwd512.device_of(q):
         for g0 in range(0, groups, n_groups):
             g1 = min(groups, g0 + n_groups)
             n = g1 - g0
             edges = causal_edges(n, pb.sq, sk, _device.sm_count(q), causal_blocks) if blocked else None
+            k_blk = pb.ks[g0:g1]
+            k_operand = _b_operand(k_blk)     # dQ's B, the same for every row block
             for r0 in range(0, group_rows, n_rows):
                 r1 = min(group_rows, r0 + n_rows)
                 rows = r1 - r0
-                pt, dst = (w[:n * sk * rows].view(n, sk, rows) for w in ws[:2])
-                ds = ws[2, :n * rows * sk].view(n, rows, sk)
-                q_blk, do_blk, k_blk = pb.qs[g0:g1, r0:r1], pb.dos[g0:g1, r0:r1], pb.ks[g0:g1]
+                pt, dst, ds = _workspace(ws, n, rows, sk)
+                q_blk, do_blk = pb.qs[g0:g1, r0:r1], pb.dos[g0:g1, r0:r1]
                 _launch_scores(pb, g0, r0, q_blk, do_blk, k_blk, pb.vs[g0:g1], pt, dst, ds, causal)
                 if edges is not None:
                     _causal_gemms(pb, g0, n, pt, dst, ds, edges)
                     continue
-                _gemm(ds.view(n * rows, sk), k_blk, n, pb.dqs[g0:g1, r0:r1].view(n * rows, d))
+                _gemm(ds.view(n * rows, sk), k_operand, n, pb.dqs[g0:g1, r0:r1].view(n * rows, d))
                 for i, (a, b, target) in enumerate(((pt, do_blk, pb.dvs), (dst, q_blk, pb.dks))):
-                    a = a.view(n * sk, rows)
+                    a, b = a.view(n * sk, rows), _b_operand(b)
                     if not split:
                         _gemm(a, b, n, target[g0:g1].view(n * sk, d))
                     elif r0 == 0:
@@ -320,16 +345,17 @@ def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
 
 def compile_specs():
-    """The scores kernel's specs, and the grouped GEMM binaries this path launches that the
-    grouped_gemm family's own specs do not cover (row-major B, BF16 and FP16 out, both configs)."""
+    """The scores kernel's specs, and the grouped GEMM binaries this path launches (both configs,
+    BF16 and FP16, row-major B and the K-major copies of inner sizes off BLOCK_K)."""
     from tilefly.compile_check import KernelSpec
     from tilefly.ops.grouped_gemm.configs import kernel_of, kernel_signature
 
     specs = scores.compile_specs()
     for cfg in (GEMM_WIDE, GEMM_NARROW):
         for dtype in scores.DTYPES:
-            sig, constexprs = kernel_signature(cfg, dtype, False)
-            specs.append(KernelSpec(name=f"attention.bwd512g_gemm.{cfg.name}[{dtype},Brow]",
-                                    kernel=lambda cfg=cfg: kernel_of(cfg), signature=sig, constexprs=constexprs,
-                                    num_warps=cfg.num_warps, gluon=True, sass_must_contain=("HGMMA",)))
+            for kmajor in (False, True):
+                sig, constexprs = kernel_signature(cfg, dtype, kmajor)
+                specs.append(KernelSpec(name=f"attention.bwd512g_gemm.{cfg.name}[{dtype},B{'col' if kmajor else 'row'}]",
+                                        kernel=lambda cfg=cfg: kernel_of(cfg), signature=sig, constexprs=constexprs,
+                                        num_warps=cfg.num_warps, gluon=True, sass_must_contain=("HGMMA",)))
     return specs
