@@ -42,23 +42,36 @@ def bwd_flops(b, hq, s, causal):
 
 
 def parts(grad_out, q, k, v, out, lse, causal):
-    """(name, Timing) of the first chunk's scores kernel and its three grouped GEMMs."""
+    """([(name, Timing)] of the first chunk's scores kernel, its three grouped GEMMs and the K-major
+    copies of B (inner sizes off BLOCK_K only)], the whole call's host time in us (no sync))."""
+    import time
+
     pb = kernels_bwd512.prepare(grad_out, q, k, v, out, lse, None, None)
     n, rows = kernels_bwd512g.chunks(pb.groups, pb.group_rows, pb.sk, kernels_bwd512.WORKSPACE_BYTES)
     sk, d = pb.sk, 512
-    ws = torch.empty(3, n * rows * sk, dtype=q.dtype, device=q.device)
-    pt, dst = (w[:n * sk * rows].view(n, sk, rows) for w in ws[:2])
-    ds = ws[2, :n * rows * sk].view(n, rows, sk)
+    ws = torch.empty(3, n * max(sk * kernels_bwd512g._padded(rows), rows * kernels_bwd512g._padded(sk)),
+                     dtype=q.dtype, device=q.device)
+    pt, dst, ds = kernels_bwd512g._workspace(ws, n, rows, sk)
     q_blk, do_blk, k_blk, v_blk = pb.qs[:n, :rows], pb.dos[:n, :rows], pb.ks[:n], pb.vs[:n]
+    do_b, q_b, k_b = (kernels_bwd512g._b_operand(t) for t in (do_blk, q_blk, k_blk))
     dq = torch.empty(n * rows, d, dtype=q.dtype, device=q.device)
     dkv = torch.empty(n * sk, d, dtype=q.dtype, device=q.device)
     steps = {
         "scores": lambda: kernels_bwd512g._launch_scores(pb, 0, 0, q_blk, do_blk, k_blk, v_blk, pt, dst, ds, causal),
-        "dV=P^T dO": lambda: kernels_bwd512g._gemm(pt.view(n * sk, rows), do_blk, n, dkv),
-        "dK=dS^T Q": lambda: kernels_bwd512g._gemm(dst.view(n * sk, rows), q_blk, n, dkv),
-        "dQ=dS K": lambda: kernels_bwd512g._gemm(ds.view(n * rows, sk), k_blk, n, dq),
+        "dV=P^T dO": lambda: kernels_bwd512g._gemm(pt.view(n * sk, rows), do_b, n, dkv),
+        "dK=dS^T Q": lambda: kernels_bwd512g._gemm(dst.view(n * sk, rows), q_b, n, dkv),
+        "dQ=dS K": lambda: kernels_bwd512g._gemm(ds.view(n * rows, sk), k_b, n, dq),
     }
-    return [(name, timing.measure(fn, POLICY)) for name, fn in steps.items()]
+    if rows % 64 or sk % 64:
+        steps["K-major copies"] = lambda: [kernels_bwd512g._b_operand(t) for t in (do_blk, q_blk, k_blk)]
+    results = [(name, timing.measure(fn, POLICY)) for name, fn in steps.items()]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        kernels.backward(grad_out, q, k, v, out, lse, causal, None, "bwd512g")
+    host_us = (time.perf_counter() - start) / 20 * 1e6
+    torch.cuda.synchronize()
+    return results, host_us
 
 
 def forced_blocks(grad_out, q, k, v, out, lse, counts, want):
@@ -99,7 +112,7 @@ def main():
         if wanted is not None and index not in wanted and index != "x":
             continue
         for hk in dict.fromkeys((h, h // max(1, args.gqa))):
-            g = torch.Generator(device="cuda").manual_seed(index)
+            g = torch.Generator(device="cuda").manual_seed(index if index != "x" else b * 1000003 + s)
             q = torch.randn(b, h, s, 512, device="cuda", dtype=dtype, generator=g)
             k, v = (torch.randn(b, hk, s, 512, device="cuda", dtype=dtype, generator=g) for _ in range(2))
             out, lse = kernels.forward(q, k, v, causal, None, True)
@@ -132,9 +145,12 @@ def main():
                 print(f"{case:<40} {name:<8} {t.median_us:9.1f} us  (p20 {t.p20_us:8.1f} p80 {t.p80_us:8.1f})  "
                       f"{row['tflops']:6.1f} TFLOP/s  x{row['speedup']:4.2f}{note}", flush=True)
             if args.parts and reason is None:
-                for name, t in parts(grad_out, q, k, v, out, lse, causal):
+                timed, host_us = parts(grad_out, q, k, v, out, lse, causal)
+                for name, t in timed:
                     rows.append(dict(case=case, part=name, median_us=t.median_us))
-                    print(f"{'':<40}   {name:<10} {t.median_us:9.1f} us (first chunk)", flush=True)
+                    print(f"{'':<40}   {name:<14} {t.median_us:9.1f} us (first chunk)", flush=True)
+                rows.append(dict(case=case, part="host enqueue", median_us=host_us))
+                print(f"{'':<40}   {'host enqueue':<14} {host_us:9.1f} us (whole call, no sync)", flush=True)
             if args.causal_blocks and reason is None and causal and hk == h:
                 for name, t in forced_blocks(grad_out, q, k, v, out, lse, args.causal_blocks, grads["bwd512"]):
                     rows.append(dict(case=case, part=name, median_us=t.median_us))

@@ -25,6 +25,7 @@ live in one grow-only pair of buffers per (device, stream); nothing syncs.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 
 import torch
@@ -264,6 +265,26 @@ def _capturing() -> bool:
 
 _buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _placeholder: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []   # outgrown pairs, never freed (see _kept_pair)
+
+
+def _kept_pair(device: torch.device, partials: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A partials/tickets pair kept across calls, allocated on a helper thread. CUDA graph trees
+    route every allocation of the thread that runs a graph's warm-up into the graph's private
+    pool (torch._C._cuda_beginAllocateCurrentThreadToPool); a pool tensor that outlives the call
+    fails their check ("tensors in the cudagraph pool not tracked as outputs") and would be
+    overwritten by the replays. Another thread allocates from the ordinary pool, on its own
+    stream: the tickets' zero fill is waited for here, and outgrown pairs are retired instead of
+    freed, so that no other stream's allocation can take memory a launch still uses."""
+    def make():
+        with torch.cuda.device(device):
+            return (torch.empty(partials, dtype=torch.float32, device=device),
+                    torch.zeros(tiles, dtype=torch.int32, device=device))
+
+    with concurrent.futures.ThreadPoolExecutor(1) as helper:
+        pair = helper.submit(make).result()
+    torch.cuda.synchronize(device)
+    return pair
 
 
 def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: bool,
@@ -279,9 +300,9 @@ def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: 
     pair = _buffers.get(key)
     if pair is None or pair[0].numel() < partials or pair[1].numel() < tiles:
         old = (0, 0) if pair is None else (pair[0].numel(), pair[1].numel())
-        pair = (torch.empty(max(partials, old[0]), dtype=torch.float32, device=device),
-                torch.zeros(max(tiles, old[1], 4096), dtype=torch.int32, device=device))
-        _buffers[key] = pair
+        if pair is not None:
+            _retired.append(pair)
+        pair = _buffers[key] = _kept_pair(device, max(partials, old[0]), max(tiles, old[1], 4096))
     return pair
 
 
@@ -289,8 +310,7 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Unused workspace/ticket arguments of a launch without split-K."""
     pair = _placeholder.get(device.index)
     if pair is None:
-        pair = (torch.empty(64, dtype=torch.float32, device=device), torch.zeros(64, dtype=torch.int32, device=device))
-        _placeholder[device.index] = pair
+        pair = _placeholder[device.index] = _kept_pair(device, 64, 64)
     return pair
 
 
