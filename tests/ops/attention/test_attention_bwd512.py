@@ -169,7 +169,7 @@ def test_scores_come_from_bmm_with_fp32_output():
     (else the backward still works, from FP32 operand copies, several times slower)."""
     q, k, v = cuda_inputs(1, 2, 2, 64, 64, D)
     out, lse = kernels.forward(q, k, v, False, None, True)
-    kernels.backward(torch.randn_like(q), q, k, v, out, lse, False, None)
+    kernels.backward(torch.randn_like(q), q, k, v, out, lse, False, None, "bwd512")
     assert kernels_bwd512._score_path == "out" and kernels_bwd512.fallback_reason is None, \
         kernels_bwd512.fallback_reason
 

@@ -430,6 +430,41 @@ def test_gqa_and_split_rows_take_the_full_products(stand_ins, hq, hk, sq, sk, wo
         assert err < 2e-2, f"{name}: relative error {err:.3g}"
 
 
+def test_scores_launch_replays_a_cached_plan(monkeypatch):
+    """The second launch with the same addresses, sizes and scalars replays the compiled kernel;
+    another address (or a capture) goes through the JIT again."""
+    import types
+
+    jit, replays = [], []
+
+    class Kernel:
+        arg_names = ["arg"] * 17
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: jit.append(grid) or "compiled"
+
+    class Plan:
+        def __init__(self, compiled, names, args, constexprs, grid, index):
+            assert compiled == "compiled" and len(args) == 17 and grid == (1, 1, 2)
+
+        def __call__(self):
+            replays.append(1)
+
+    monkeypatch.setattr(scores, "attention_bwd512_scores_kernel", Kernel())
+    monkeypatch.setattr(kernels_bwd512g, "CachedLaunch", Plan)
+    monkeypatch.setattr(kernels_bwd512g, "_scores_plans", {})
+    q = torch.randn(2, 64, D, dtype=BF16)
+    pb = types.SimpleNamespace(sk=64, sq=64, group_rows=64, scale=0.1, lse=torch.zeros(2, 64), delta=torch.zeros(2, 64))
+    ws = torch.empty(3, 2 * 64 * 64, dtype=BF16)
+    pt, dst, ds = kernels_bwd512g._workspace(ws, 2, 64, 64)
+    for _ in range(3):
+        kernels_bwd512g._launch_scores(pb, 0, 0, q, q, q, q, pt, dst, ds, False)
+    assert (len(jit), len(replays)) == (1, 2)
+    pb.delta = torch.zeros(2, 64)
+    kernels_bwd512g._launch_scores(pb, 0, 0, q, q, q, q, pt, dst, ds, False)
+    assert (len(jit), len(replays)) == (2, 2)
+
+
 def test_offsets_are_cached_per_shape():
     a = kernels_bwd512g._offsets(3, 64, torch.device("cpu"))
     assert a is kernels_bwd512g._offsets(3, 64, torch.device("cpu")) and a.tolist() == [64, 128, 192]
