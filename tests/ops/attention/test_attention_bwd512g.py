@@ -506,6 +506,8 @@ def _check(q, k, v, causal, scale=None):
     sees two keys) dP - delta cancels and both tilefly paths, bit for bit the same products at
     lengths of 64 multiples, lose the same bits."""
     out, lse = kernels.forward(q, k, v, causal, scale, True)
+    # Both backwards read these: a non-finite value here is the forward's fault, not bwd512g's.
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "the forward left non-finite out or lse"
     grad_out = torch.randn_like(q)
     poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     got = kernels.backward(grad_out, q, k, v, out, lse, causal, scale, "bwd512g", grads=poisoned)

@@ -25,10 +25,11 @@ router copies into the efficient op's B x S x H x D); lse is B x Hq x Sq float32
 Backward (kernels_bwd.py) takes any implementation's out (any strides) and canonical lse, and
 grad_out in any layout (copied to a contiguous one when TMA cannot read it, e.g. the stride-0
 gradient of a sum); dq, dk and dv are allocated like q, k and v. Head dim 512 runs
-kernels_bwd512g.py instead (config ``bwd512g``, the default: all Gluon, faster than bwd512 on 39 of
-the 40 head-dim-512 workloads of the ship grid, BENCHMARKS.md session 16) where its predicate
-(``kernels_bwd512g.unserved``) admits the problem, else kernels_bwd512.py (config ``bwd512``: cuBLAS
-batched GEMMs around one Triton elementwise kernel), same contract; the tuner times both.
+kernels_bwd512g.py instead (config ``bwd512g``, the default: all Gluon; faster than bwd512 on 38 of
+the ship grid's 40 head-dim-512 workloads and within 1% on the other two, BENCHMARKS.md session 16)
+where its predicate (``kernels_bwd512g.unserved``) admits the problem, else kernels_bwd512.py
+(config ``bwd512``: cuBLAS batched GEMMs around one Triton elementwise kernel), same contract; the
+tuner times both.
 
 Configs: one name space (``CONFIGS``) holds the forward configs ``m..n..`` and the backward
 configs ``bwd..x..`` (configs.py), because the tuner pairs one config name with both calls when
