@@ -432,7 +432,7 @@ def test_gqa_and_split_rows_take_the_full_products(stand_ins, hq, hk, sq, sk, wo
 
 def test_scores_launch_replays_a_cached_plan(monkeypatch):
     """The second launch with the same addresses, sizes and scalars replays the compiled kernel;
-    another address (or a capture) goes through the JIT again."""
+    another address goes through the JIT again."""
     import types
 
     jit, replays = [], []

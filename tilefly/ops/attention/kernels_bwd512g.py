@@ -20,10 +20,10 @@ dQ) is a multiple of the GEMMs' BLOCK_K (64). Otherwise a group's last K-step wo
 group's first rows: times A's zero-filled tail columns that is exact zero for finite values, but
 0 x Inf is NaN, which would carry one group's non-finite input into another's gradients. So such
 a B is copied K-major ([g, D, K], rows padded to 8 elements), which the grouped GEMM reads through
-a [g * D, K] view whose K tail TMA zero-fills per group; the copy moves 4 B per operand element,
-small next to the 12 B a score the workspace moves. The workspace's rows are padded to 8 elements
-(16 bytes, what TMA needs of a row stride) and its descriptors clip at R and Sk, so any R and Sk
-run.
+a [g * D, K] view whose K tail TMA zero-fills per group. The copy is torch's transposing copy, at
+~0.6 TB/s: 167 us against 217 us of kernels at B2 H8 S1000 (BENCHMARKS.md session 16), so lengths
+off 64 pay for it. The workspace's rows are padded to 8 elements (16 bytes, what TMA needs of a
+row stride) and its descriptors clip at R and Sk, so any R and Sk run.
 
 The grouped GEMM sums over its inner dimension, which for dK and dV runs over all G q heads' rows:
 the GQA reduction is free. Its groups are uniform here (``offs`` = multiples of Sk or R, built
@@ -48,9 +48,9 @@ bases (prepare makes q, k, v, dO contiguous; D = 512; K-major copies and workspa
 Causal with one q head per kv head (G = 1), no row split, Sq and Sk multiples of 64: the GEMMs
 may skip the blocks above the diagonal, as kernels_bwd512 does (dQ by row blocks over the keys
 they see, dK and dV by key blocks over the rows that see them; edges multiples of 64, the GEMMs'
-BLOCK_K, so row-major B sub-views stay whole K-steps), still through the
-grouped GEMM, on sub-views of the workspace and operands. What the grouped GEMM cannot express
-decides when that pays:
+BLOCK_K, so row-major B sub-views stay whole K-steps), still through the grouped GEMM, on
+sub-views of the workspace and operands. What the grouped GEMM cannot express decides when that
+pays:
 
     one K per launch        the triangle has a different K per block: one launch per block
     packed B groups         b_view takes B's group stride only as K x row stride (or one group):
@@ -65,8 +65,9 @@ x 8 blocks are 192 launches. ``causal_edges`` picks the block count from a wave 
 launches (chunk_us), full products included. Its two constants are fitted to the H200 sweep
 (scripts/attn512_bwd_sweep.py --causal-blocks, BENCHMARKS.md session 16): the full products' GEMMs
 took 623 and 1148 us at the suite's causal shapes (model 644 and 1288), and every forced block
-count was slower, each one-group block launch adding 35-61 us. So the model takes the full products wherever a chunk holds several groups
-or up to ~4k rows, and blocks only for long single groups (2 at 8192 rows, 4 at 16384).
+count was slower, each one-group block launch adding 35-61 us. So the model takes the full
+products wherever a chunk holds several groups or up to ~4k rows, and blocks only for long
+single groups (2 at 8192 rows, 4 at 16384).
 ``causal_blocks`` forces a count (tests, the sweep).
 """
 from __future__ import annotations
@@ -325,7 +326,8 @@ def backward512g(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     pb = bwd512.prepare(grad_out, q, k, v, out, lse, scale, grads)
     groups, group_rows, sk, d = pb.groups, pb.group_rows, pb.sk, HEAD_DIM
     n_groups, n_rows = chunks(groups, group_rows, sk, workspace_bytes)
-    ws = torch.empty(3, n_groups * max(sk * _padded(n_rows), n_rows * _padded(sk)), dtype=q.dtype, device=q.device)
+    ws = torch.empty(3, n_groups * max(sk * _padded(n_rows), n_rows * _padded(sk)), dtype=q.dtype,
+                     device=q.device)
     split = n_rows < group_rows
     acc = [torch.empty(sk, d, dtype=torch.float32, device=q.device) for _ in range(2)] if split else None
     part = torch.empty(sk, d, dtype=torch.float32, device=q.device) if split else None
@@ -376,7 +378,8 @@ def compile_specs():
         for dtype in scores.DTYPES:
             for kmajor in (False, True):
                 sig, constexprs = kernel_signature(cfg, dtype, kmajor)
-                specs.append(KernelSpec(name=f"attention.bwd512g_gemm.{cfg.name}[{dtype},B{'col' if kmajor else 'row'}]",
-                                        kernel=lambda cfg=cfg: kernel_of(cfg), signature=sig, constexprs=constexprs,
-                                        num_warps=cfg.num_warps, gluon=True, sass_must_contain=("HGMMA",)))
+                name = f"attention.bwd512g_gemm.{cfg.name}[{dtype},B{'col' if kmajor else 'row'}]"
+                specs.append(KernelSpec(name=name, kernel=lambda cfg=cfg: kernel_of(cfg), signature=sig,
+                                        constexprs=constexprs, num_warps=cfg.num_warps, gluon=True,
+                                        sass_must_contain=("HGMMA",)))
     return specs
