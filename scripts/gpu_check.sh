@@ -4,7 +4,7 @@
 #
 #   COMMIT=<sha> scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
 #                                     [--run "SHELL COMMAND"] [--no-tests] [--step-limit SECONDS]
-#                                     [--jobs N]
+#                                     [--jobs N] [--rounds N]
 #
 # The device's copy of the tree has no .git: pass the commit being measured in
 # COMMIT so the benchmark JSON records it. Example (the first call of a session):
@@ -21,6 +21,7 @@
 # --jobs N spreads the GPU tests over N pytest-xdist workers (the device image
 # has pytest-xdist): the GPU tests are bound by Gluon/Triton compiles on the
 # CPU, so eight workers cut the whole suite to a fraction of its serial time.
+# --rounds N times each case's providers in turn, N rounds (python -m tilefly bench --rounds).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 WORK=$(mktemp -d)
@@ -28,7 +29,7 @@ mkdir -p "$OUT" "$WORK/bench"
 export WORK  # --run commands write their files under $WORK
 export PYTHONUNBUFFERED=1
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1
+TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1; ROUNDS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS="$2"; shift 2 ;;
@@ -38,6 +39,7 @@ while [ $# -gt 0 ]; do
     --run) RUN+=("$2"); shift 2 ;;
     --step-limit) STEP_LIMIT="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -69,7 +71,7 @@ done
 
 for suite in $BENCH; do
   say "bench $suite $QUICK"
-  step python3 -m tilefly bench --suite "$suite" $QUICK --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
+  step python3 -m tilefly bench --suite "$suite" $QUICK --rounds "$ROUNDS" --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
   echo "bench exit $?" >>"$WORK/bench/$suite.md.log"
   cat "$WORK/bench/$suite.md.log" | grep -v "it/s\]" | tail -80 >>"$LOG"
   pack

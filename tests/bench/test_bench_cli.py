@@ -57,6 +57,9 @@ def test_argument_errors():
         cli.parse_args(["--suite", "nope"])
     with pytest.raises(SystemExit):
         cli.parse_args(["--rep", "0"])
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--rounds", "0"])
+    assert cli.parse_args(["--rounds", "5"]).rounds == 5 and cli.parse_args([]).rounds == 1
 
 
 def test_suite_selection():

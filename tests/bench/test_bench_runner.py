@@ -68,6 +68,63 @@ def test_run_case_bookkeeping(fake_timing):
     assert result.index == 3 and result.case == {"m": 1}
 
 
+def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
+    """rounds=3: warm-up once per provider, then a, b, a, b, a, b with ceil(10 / 3) = 4 reps a
+    turn, each inside the provider's context; the pooled 12 samples make the median; a provider
+    failing in a later round is recorded as failed, one not built as n/a."""
+    events, entered = [], []
+    b_calls = []
+
+    def make_context(name):
+        @contextlib.contextmanager
+        def context():
+            entered.append(name)
+            yield
+        return context
+
+    def b_fn():
+        b_calls.append(1)
+        if len(b_calls) > 2:
+            raise RuntimeError("gone")
+
+    fns = {"a": lambda: None, "b": b_fn, "c": lambda: None}
+    monkeypatch.setattr(timing, "warm", lambda fn, policy, device=None: events.append(("warm", fn)) or 10)
+
+    def sample(fn, reps, device=None):
+        name = next(n for n, f in fns.items() if f is fn)
+        events.append((name, reps))
+        fn()
+        base = {"a": 10.0, "b": 20.0, "c": 30.0}[name]
+        return [base + i for i in range(reps)]
+
+    monkeypatch.setattr(timing, "sample", sample)
+    providers = [Provider("a", lambda: fns["a"], context=make_context("a")),
+                 Provider("n", None, note="n/a: not here"),
+                 Provider("b", lambda: fns["b"], context=make_context("b"), error_label="n/a"),
+                 Provider("c", lambda: fns["c"], context=make_context("c"), note="config x")]
+    policy = timing.Policy(rounds=3)
+    got = runner.run_providers_interleaved(providers, policy)
+    assert list(got) == ["a", "n", "b", "c"]
+    assert [e for e in events if e[0] != "warm"] == [("a", 4), ("b", 4), ("c", 4)] * 3     # b fails in round 3
+    assert entered[:3] == ["a", "b", "c"] and entered.count("a") == 1 + 3 + 1   # build, 3 rounds, result
+    assert (got["a"].median_us, got["a"].reps) == (timing.summary([10.0 + i for i in range(4)] * 3).median_us, 12)
+    assert got["c"].note == "config x" and got["c"].reps == 12
+    assert got["b"].median_us is None and got["b"].note == "n/a: gone"
+    assert got["n"].note == "n/a: not here"
+    assert "3 rounds" in policy.describe()
+
+
+def test_run_case_interleaves_when_asked(monkeypatch, fake_timing):
+    seen = []
+    monkeypatch.setattr(runner, "run_providers_interleaved",
+                        lambda providers, policy: seen.append(policy.rounds) or
+                        {p.name: runner.ProviderResult(1.0, 1.0, 1.0, None, None, 1) for p in providers})
+    bench = CaseBench(providers=[Provider("a", lambda: lambda: None)], metrics=lambda name, us: {})
+    plan = Plan(lambda case: bench, [], [])
+    result = runner.run_case(Case(0, "x", {}), plan, timing.Policy(rounds=2))
+    assert seen == [2] and result.providers["a"].median_us == 1.0 and not fake_timing
+
+
 def test_case_setup_failure_is_recorded(fake_timing):
     plan = Plan(lambda case: _raise("out of memory"), [], [])
     result = runner.run_case(Case(0, "x", {}), plan, timing.FULL)

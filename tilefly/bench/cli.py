@@ -37,6 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", metavar="DIR", help="where <suite>.json/.md/.png go (default ./bench_out; "
                                               "with --render, beside each JSON)")
     p.add_argument("--rep", type=int, metavar="N", help="time exactly N repetitions per provider")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="time a case's providers in turn, N rounds of a share of the repetitions each, "
+                        "so clock drift reaches all alike (default 1: one provider after another)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     p.add_argument("--render", nargs="+", metavar="FILE.json",
                    help="re-render saved results (Markdown to stdout, .md/.png beside the JSON or into --out)")
@@ -47,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rep is not None and args.rep < 1:
         p.error("--rep must be at least 1")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     return args
 
 
@@ -164,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     policy = timing.QUICK if quick else timing.FULL
     if args.rep:
         policy = dataclasses.replace(policy, fixed_reps=args.rep)
+    if args.rounds > 1:
+        policy = dataclasses.replace(policy, rounds=args.rounds)
     env = run_environment(args.commit)
     status = 0
     for name in selected_suites(args.suite):

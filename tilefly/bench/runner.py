@@ -107,24 +107,75 @@ def run_provider(provider: Provider, policy: timing.Policy) -> ProviderResult:
         with provider.context():
             fn = provider.build()
             t = timing.measure(fn, policy)
-            served, reason = (None, None)
-            if provider.family is not None:
-                served, reason = _dispatch_outcome(provider, fn)
-        notes = [provider.note] if provider.note else []
-        if reason:
-            notes.append(f"fallback: {reason}")
-        if provider.inspect is not None:
-            extra = provider.inspect()
-            if extra:
-                notes.append(extra)
-        return ProviderResult(t.median_us, t.p20_us, t.p80_us, served, "; ".join(notes) or None, t.reps)
+            served, reason = _outcome(provider, fn)
+            return _timed_result(provider, t, served, reason)
     except Exception as exc:  # noqa: BLE001 - a provider failing is a result, not a crash
-        unexpected = provider.error_label == "error"
-        if unexpected:
-            traceback.print_exc(file=sys.stderr)
-        return ProviderResult(note=f"{provider.error_label}: {short(exc, with_type=unexpected)}")
+        return _failed(provider, exc)
     finally:
         _sync()
+
+
+def _outcome(provider: Provider, fn: Callable[[], Any]) -> tuple[bool | None, str | None]:
+    return _dispatch_outcome(provider, fn) if provider.family is not None else (None, None)
+
+
+def _timed_result(provider: Provider, t: timing.Timing, served: bool | None, reason: str | None) -> ProviderResult:
+    """The provider's result once timed (inside its context: ``inspect`` may ask what ran)."""
+    notes = [provider.note] if provider.note else []
+    if reason:
+        notes.append(f"fallback: {reason}")
+    if provider.inspect is not None:
+        extra = provider.inspect()
+        if extra:
+            notes.append(extra)
+    return ProviderResult(t.median_us, t.p20_us, t.p80_us, served, "; ".join(notes) or None, t.reps)
+
+
+def _failed(provider: Provider, exc: BaseException) -> ProviderResult:
+    unexpected = provider.error_label == "error"
+    if unexpected:
+        traceback.print_exc(file=sys.stderr)
+    return ProviderResult(note=f"{provider.error_label}: {short(exc, with_type=unexpected)}")
+
+
+def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) -> dict[str, ProviderResult]:
+    """``policy.rounds`` rounds over the providers in turn, each round a 1/rounds share of every
+    provider's repetitions inside its context, so that clock drift over a case (boost clocks
+    follow power and temperature) reaches every provider alike; warm-up and dispatch recording
+    once per provider, before the first round. Results in ``providers`` order."""
+    results: dict[str, ProviderResult] = {}
+    ready: dict[str, tuple[Provider, Callable[[], Any], int, bool | None, str | None]] = {}
+    for provider in providers:
+        if provider.build is None:
+            results[provider.name] = ProviderResult(note=provider.note or "n/a")
+            continue
+        try:
+            with provider.context():
+                fn = provider.build()
+                reps = -(-timing.warm(fn, policy) // policy.rounds)
+                ready[provider.name] = (provider, fn, reps, *_outcome(provider, fn))
+        except Exception as exc:  # noqa: BLE001 - a provider failing is a result, not a crash
+            results[provider.name] = _failed(provider, exc)
+        finally:
+            _sync()
+    times: dict[str, list[float]] = {name: [] for name in ready}
+    for _ in range(policy.rounds):
+        for name, (provider, fn, reps, _, _) in list(ready.items()):
+            try:
+                with provider.context():
+                    times[name] += timing.sample(fn, reps)
+            except Exception as exc:  # noqa: BLE001
+                results[name] = _failed(provider, exc)
+                del ready[name]
+            finally:
+                _sync()
+    for name, (provider, _, _, served, reason) in ready.items():
+        try:
+            with provider.context():
+                results[name] = _timed_result(provider, timing.summary(times[name]), served, reason)
+        except Exception as exc:  # noqa: BLE001
+            results[name] = _failed(provider, exc)
+    return {p.name: results[p.name] for p in providers}
 
 
 def _derive(derived: Derived, results: dict[str, ProviderResult]) -> ProviderResult:
@@ -144,8 +195,11 @@ def run_case(case: Case, plan: Plan, policy: timing.Policy) -> CaseResult:
         traceback.print_exc(file=sys.stderr)
         result.providers["setup"] = ProviderResult(note=f"error: {short(exc)}")
         return result
-    for provider in bench.providers:
-        result.providers[provider.name] = run_provider(provider, policy)
+    if policy.rounds > 1:
+        result.providers.update(run_providers_interleaved(bench.providers, policy))
+    else:
+        for provider in bench.providers:
+            result.providers[provider.name] = run_provider(provider, policy)
     for derived in bench.derived:
         result.providers[derived.name] = _derive(derived, result.providers)
     for name, res in result.providers.items():

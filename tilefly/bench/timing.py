@@ -42,7 +42,10 @@ Pitfalls, for whoever reads or changes these numbers:
 - **Clocks are not touched.** We do not lock GPU or memory clocks (that needs
   root and changes the machine for others). Boost clocks drift with power and
   temperature, so compare providers measured in the same run, side by side, not
-  against numbers from another day; medians and p20/p80 show the spread.
+  against numbers from another day; medians and p20/p80 show the spread. Within
+  a run, providers timed one after another still see different clocks (session 16
+  read two identical cuDNN calls 5% apart); ``--rounds N`` (``Policy.rounds``)
+  times a case's providers in turn, N rounds of a share of the repetitions each.
 - **Compilation and autotuning** are excluded by the warm-up; a compiled
   provider that recompiles during timing (a guard failure) would show up as a
   huge p80: look at p20/p80 before trusting a median.
@@ -84,6 +87,9 @@ class Policy:
     target_ms: float = 200.0
     max_reps: int = 1000
     fixed_reps: int | None = None
+    # > 1: the runner times a case's providers in turn, this many rounds, each round a share of
+    # every provider's repetitions, so that clock drift during a case reaches all of them alike.
+    rounds: int = 1
 
     def reps_for(self, estimate_us: float) -> int:
         if self.fixed_reps is not None:
@@ -94,9 +100,10 @@ class Policy:
     def describe(self) -> str:
         reps = f"{self.fixed_reps} reps" if self.fixed_reps is not None else \
             f"max({self.min_reps} reps, ~{self.target_ms:g} ms of op time), at most {self.max_reps} reps"
-        return (f"median of {reps}; CUDA events around each call; L2 flushed ({FLUSH_BYTES >> 20} MiB {flush_mode()}) "
-                f"before each; {self.warmup_calls} warm-up calls first (compile and autotuning excluded); "
-                "clocks not locked")
+        rounds = f", in {self.rounds} rounds interleaving the providers" if self.rounds > 1 else ""
+        return (f"median of {reps}{rounds}; CUDA events around each call; L2 flushed ({FLUSH_BYTES >> 20} MiB "
+                f"{flush_mode()}) before each; {self.warmup_calls} warm-up calls first (compile and autotuning "
+                "excluded); clocks not locked")
 
 
 FULL = Policy()
@@ -140,13 +147,27 @@ def _timed_calls(fn: Callable[[], Any], reps: int, device: torch.device) -> list
     return sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
 
 
-def measure(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | None = None) -> Timing:
-    """Time ``fn()`` on the current CUDA device as described in the module docstring."""
+def warm(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | None = None) -> int:
+    """Steps 1 and 2 of the module docstring: the warm-up calls, then the repetitions ``policy``
+    asks for at fn's estimated time."""
     device = device or torch.device("cuda", torch.cuda.current_device())
     for _ in range(policy.warmup_calls):
         fn()
     torch.cuda.synchronize(device)
-    estimate = _timed_calls(fn, 5, device)
-    reps = policy.reps_for(percentile(estimate, 0.5))
-    times = _timed_calls(fn, reps, device)
-    return Timing(percentile(times, 0.5), percentile(times, 0.2), percentile(times, 0.8), reps)
+    return policy.reps_for(percentile(_timed_calls(fn, 5, device), 0.5))
+
+
+def sample(fn: Callable[[], Any], reps: int, device: torch.device | None = None) -> list[float]:
+    """Step 3: ``reps`` timed calls, each after an L2 flush (µs, sorted)."""
+    return _timed_calls(fn, reps, device or torch.device("cuda", torch.cuda.current_device()))
+
+
+def summary(times: list[float]) -> Timing:
+    """Step 4: median and 20th/80th percentiles of ``times``."""
+    times = sorted(times)
+    return Timing(percentile(times, 0.5), percentile(times, 0.2), percentile(times, 0.8), len(times))
+
+
+def measure(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | None = None) -> Timing:
+    """Time ``fn()`` on the current CUDA device as described in the module docstring."""
+    return summary(sample(fn, warm(fn, policy, device), device))
