@@ -5,7 +5,8 @@ attention suite's head-dim-512 cases (tilefly/bench/cases/attention.csv), plus a
     PYTHONPATH=. python scripts/attn512_bwd_sweep.py [--cases 15,16] [--gqa 2] [--dtype fp16] [--json PATH]
 
 Why: the tuner times both configs per workload; this says where bwd512g is right and what its
-parts cost (``--extra`` adds shapes off the suite, e.g. lengths off the tile). Both configs run
+parts cost (``--extra`` adds shapes off the suite, e.g. lengths off the tile; ``--kmajor-copy
+torch,triton`` times bwd512g with each K-major copy there). Both configs run
 on the same forward output and lse (tilefly's d512 forward). bwd512g's gradients are checked
 against bwd512's (relative norm of the difference, per gradient), so a fast but wrong run shows as
 such; a case bwd512g does not serve prints kernels_bwd512g.unserved's reason (kernels.backward
@@ -26,7 +27,6 @@ from tilefly.bench.suites.attention import cases as attention_cases
 from tilefly.ops.attention import kernels, kernels_bwd512, kernels_bwd512g
 
 POLICY = timing.Policy(min_reps=10, target_ms=60.0, max_reps=100)
-CONFIGS = ("bwd512", "bwd512g")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -101,8 +101,14 @@ def main():
     ap.add_argument("--causal-blocks", help="comma-separated forced causal block counts to time bwd512g with")
     ap.add_argument("--extra", action="append", default=[], metavar="B,H,S,CAUSAL",
                     help="also time this shape (e.g. 2,8,1000,1: lengths off the tile, K-major B copies)")
+    ap.add_argument("--kmajor-copy", default="torch",
+                    help="comma-separated K-major copies to time bwd512g with where lengths are off 64 "
+                         "(kernels_bwd512g.KMAJOR_COPY: torch, triton)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    copies = args.kmajor_copy.split(",")
+    configs = [("bwd512", "bwd512", None)] + [(f"bwd512g/{c}" if len(copies) > 1 else "bwd512g", "bwd512g", c)
+                                               for c in copies]
     dtype = DTYPES[args.dtype]
     wanted = {int(x) for x in args.cases.split(",")} if args.cases else None
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {POLICY.describe()}", flush=True)
@@ -123,26 +129,30 @@ def main():
                 print(f"{case:<40} bwd512g not served: {reason}", flush=True)
             grads = {}
             times = {}
-            for name in CONFIGS:
+            for label, name, copy in configs:
+                if copy is not None:
+                    kernels_bwd512g.KMAJOR_COPY = copy
+
                 def run(name=name):
                     return kernels.backward(grad_out, q, k, v, out, lse, causal, None, name)
-                grads[name] = run()
+                grads[label] = run()
                 torch.cuda.synchronize()
-                times[name] = timing.measure(run, POLICY)
-            errs = {n: ((a.double() - w.double()).norm() / w.double().norm()).item()
-                    for n, a, w in zip(("dq", "dk", "dv"), grads["bwd512g"], grads["bwd512"])}
+                times[label] = timing.measure(run, POLICY)
+            kernels_bwd512g.KMAJOR_COPY = copies[0]
             base = times["bwd512"].median_us
             for name, t in times.items():
+                errs = {n: ((a.double() - w.double()).norm() / w.double().norm()).item()
+                        for n, a, w in zip(("dq", "dk", "dv"), grads[name], grads["bwd512"])}
                 row = dict(case=case, config=name, served=reason is None, median_us=t.median_us, p20_us=t.p20_us,
                            p80_us=t.p80_us, tflops=bwd_flops(b, h, s, causal) / t.median_us / 1e6,
-                           speedup=base / t.median_us, **({"vs_bwd512": errs} if name == "bwd512g" else {}))
+                           speedup=base / t.median_us, **({"vs_bwd512": errs} if name != "bwd512" else {}))
                 rows.append(row)
                 worst = max(errs.values())
                 note = ""
-                if name == "bwd512g":
+                if name != "bwd512":
                     bad = not math.isfinite(worst) or worst > (2e-2 if dtype == torch.bfloat16 else 5e-3)
                     note = f"  vs bwd512 {' '.join(f'{n} {e:.1e}' for n, e in errs.items())}{'  WRONG' if bad else ''}"
-                print(f"{case:<40} {name:<8} {t.median_us:9.1f} us  (p20 {t.p20_us:8.1f} p80 {t.p80_us:8.1f})  "
+                print(f"{case:<40} {name:<14} {t.median_us:9.1f} us  (p20 {t.p20_us:8.1f} p80 {t.p80_us:8.1f})  "
                       f"{row['tflops']:6.1f} TFLOP/s  x{row['speedup']:4.2f}{note}", flush=True)
             if args.parts and reason is None:
                 timed, host_us = parts(grad_out, q, k, v, out, lse, causal)

@@ -95,6 +95,27 @@ class CachedLaunch:
                      self.args if args is None else args)
 
 
+def launch_cached(plans: dict, key: tuple, kernel, build, index: int, max_plans: int = 256) -> None:
+    """Replay ``plans[key]`` (a ``CachedLaunch`` of an earlier launch), else launch
+    ``kernel[grid](*args, **constexprs)`` with ``(grid, args, constexprs) = build()`` through the
+    JIT and keep its plan. ``key`` must name everything the arguments hold (addresses, sizes,
+    scalars). Under CUDA graph capture always the JIT, nothing kept; nor is a launch that returns
+    no compiled kernel (a CPU test's stand-in)."""
+    import torch
+
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    plan = plans.get(key)
+    if plan is not None and not capturing:
+        plan()
+        return
+    grid, args, constexprs = build()
+    compiled = kernel[grid](*args, **constexprs)
+    if compiled is not None and not capturing:
+        if len(plans) >= max_plans:
+            plans.clear()
+        plans[key] = CachedLaunch(compiled, kernel.arg_names, args, constexprs, grid, index)
+
+
 class Direct:
     """One compiled kernel, launched through Triton 3.6's C launch function."""
 

@@ -14,8 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from tilefly import _device  # noqa: E402
+from tilefly import _device, _triton_launch  # noqa: E402
 from tilefly.ops.attention import configs, kernels, kernels_bwd, kernels_bwd512, kernels_bwd512g  # noqa: E402
+from tilefly.ops.attention import kernels_bwd512_kmajor as kmajor  # noqa: E402
 from tilefly.ops.attention import kernels_bwd512_scores as scores  # noqa: E402
 from tilefly.ops.grouped_gemm import eligibility  # noqa: E402
 from tilefly.ops.grouped_gemm import launch as grouped  # noqa: E402
@@ -451,7 +452,7 @@ def test_scores_launch_replays_a_cached_plan(monkeypatch):
             replays.append(1)
 
     monkeypatch.setattr(scores, "attention_bwd512_scores_kernel", Kernel())
-    monkeypatch.setattr(kernels_bwd512g, "CachedLaunch", Plan)
+    monkeypatch.setattr(_triton_launch, "CachedLaunch", Plan)
     monkeypatch.setattr(kernels_bwd512g, "_scores_plans", {})
     q = torch.randn(2, 64, D, dtype=BF16)
     pb = types.SimpleNamespace(sk=64, sq=64, group_rows=64, scale=0.1, lse=torch.zeros(2, 64), delta=torch.zeros(2, 64))
@@ -463,6 +464,27 @@ def test_scores_launch_replays_a_cached_plan(monkeypatch):
     pb.delta = torch.zeros(2, 64)
     kernels_bwd512g._launch_scores(pb, 0, 0, q, q, q, q, pt, dst, ds, False)
     assert (len(jit), len(replays)) == (2, 2)
+
+
+@pytest.mark.parametrize("copy", ["torch", "triton"])
+def test_b_operand_is_k_major_off_block_k(monkeypatch, copy):
+    """Inner sizes off 64: a K-major view of the same values (rows padded to 16 bytes), through
+    the copy KMAJOR_COPY names; multiples of 64: B itself."""
+    monkeypatch.setattr(kernels_bwd512g, "KMAJOR_COPY", copy)
+    calls = []
+
+    def padded_copy(b):      # the Triton copy's result, as torch builds it
+        calls.append(b)
+        copy = torch.empty(b.shape[0], D, 80, dtype=b.dtype)[:, :, :b.shape[1]]
+        return copy.copy_(b.transpose(1, 2)).transpose(1, 2)
+
+    monkeypatch.setattr(kernels_bwd512g.kmajor, "kmajor", padded_copy)
+    b = torch.randn(3, 128, D, dtype=BF16)
+    assert kernels_bwd512g._b_operand(b) is b and not calls
+    b = torch.randn(3, 77, D, dtype=BF16)
+    got = kernels_bwd512g._b_operand(b)
+    assert torch.equal(got, b) and got.stride(1) == 1 and got.stride(2) % 8 == 0
+    assert len(calls) == (copy == "triton")
 
 
 def test_offsets_are_cached_per_shape():
@@ -551,8 +573,11 @@ def test_sq_ne_sk_and_grouped_query_attention(dtype, hq, hk, sq, sk, causal):
     (1, 1, 1000, 1000, True), (4, 2, 1000, 1000, False), (2, 2, 128, 1000, False), (8, 1, 8, 64, True),
     (3, 3, 17, 77, True), (2, 1, 77, 17, False), (1, 1, 1, 1, False), (2, 2, 1, 1000, False),
     (4, 4, 1000, 1, False), (2, 2, 4095, 4097, True)])
-def test_lengths_off_the_tile(hq, hk, sq, sk, causal):
-    """R = G * Sq and Sk off 64 (and off 8): K-major B copies, a padded workspace, tiles clipped."""
+@pytest.mark.parametrize("copy", ["torch", "triton"])
+def test_lengths_off_the_tile(monkeypatch, hq, hk, sq, sk, causal, copy):
+    """R = G * Sq and Sk off 64 (and off 8): K-major B copies (either copy), a padded workspace,
+    tiles clipped."""
+    monkeypatch.setattr(kernels_bwd512g, "KMAJOR_COPY", copy)
     q, k, v = cuda_inputs(1, hq, hk, sq, sk, D)
     _served(q, k)
     _check(q, k, v, causal)
@@ -666,3 +691,14 @@ def test_repeated_backwards_are_identical_and_complete(causal):
                 first = got
             else:
                 assert all(torch.equal(g, f) for g, f in zip(got, first)), config
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize("g,k,rows,row0", [(3, 77, 77, 0), (2, 1, 1, 0), (1, 130, 300, 64), (4, 1000, 1000, 0)])
+def test_triton_kmajor_copy_equals_the_source(dtype, g, k, rows, row0):
+    whole = torch.randn(g, rows, D, device="cuda", dtype=dtype)
+    src = whole[:, row0:row0 + k]
+    got = kmajor.kmajor(src)
+    assert torch.equal(got, src) and got.stride(1) == 1 and got.stride(2) % 16 == 0
+    assert torch.equal(kmajor.kmajor(src), src)      # the replayed launch

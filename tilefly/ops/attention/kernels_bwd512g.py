@@ -78,8 +78,9 @@ import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilefly import _device
-from tilefly._triton_launch import CachedLaunch
+from tilefly._triton_launch import launch_cached
 from tilefly.ops.attention import kernels_bwd512 as bwd512
+from tilefly.ops.attention import kernels_bwd512_kmajor as kmajor
 from tilefly.ops.attention import kernels_bwd512_scores as scores
 from tilefly.ops.grouped_gemm import launch as grouped
 from tilefly.ops.grouped_gemm.configs import MAX_GROUPS, GroupedConfig
@@ -143,44 +144,42 @@ def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, grouped._shared_layout(tuple(block), t.dtype))
 
 
-_MAX_PLANS = 256
-_scores_plans: dict[tuple, CachedLaunch] = {}
+_scores_plans: dict[tuple, object] = {}
 
 
 def _launch_scores(pb: bwd512.Problem, g0: int, r0: int, q_blk, do_blk, k_blk, v_blk, pt, dst, ds, causal: bool):
     """P^T, dS^T and dS of one chunk (q_blk, do_blk [n, rows, D]; k_blk, v_blk [n, Sk, D];
     pt, dst [n, Sk, rows]; ds [n, rows, Sk]). The JIT's launch (binding seven descriptors) costs
     more host time than small problems take on the GPU, so a launch whose addresses, sizes and
-    scalars repeat replays the compiled kernel (tilefly._triton_launch.CachedLaunch)."""
+    scalars repeat replays the compiled kernel (tilefly._triton_launch.launch_cached)."""
     n, rows, d = q_blk.shape
     sk = pb.sk
     key = (q_blk.device.index, q_blk.dtype, bool(causal), n, rows, sk, pb.sq, g0, r0, pb.group_rows, pb.scale,
            *(t.data_ptr() for t in (q_blk, do_blk, k_blk, v_blk, pt, dst, ds, pb.lse, pb.delta)),
            pt.stride(1), ds.stride(1))
-    capturing = torch.cuda.is_current_stream_capturing() if q_blk.is_cuda else False
-    plan = _scores_plans.get(key)
-    if plan is not None and not capturing:
-        plan()
-        return
-    kv_box, q_box = [scores.BLOCK_N, scores.CHUNK], [scores.BLOCK_M, scores.CHUNK]
-    out_box = [1, scores.BLOCK_N, scores.BLOCK_M]     # = [1, BLOCK_M, BLOCK_N] of dS (square tiles)
-    k2, v2 = (_desc(t.view(n * sk, d), kv_box) for t in (k_blk, v_blk))
-    q2, do2 = (_desc(t.view(n * rows, d), q_box) for t in (q_blk, do_blk))
-    grid = (-(-sk // scores.BLOCK_N), -(-rows // scores.BLOCK_M), n)
-    args = [k2, q2, v2, do2, _desc(pt, out_box), _desc(dst, out_box), _desc(ds, out_box), pb.lse, pb.delta, rows,
-            sk, pb.sq, g0, r0, pb.group_rows, pb.scale * LOG2E, pb.scale]
-    constexprs = dict(BLOCK_M=scores.BLOCK_M, BLOCK_N=scores.BLOCK_N, STAGES=scores.STAGES, CAUSAL=bool(causal),
-                      num_warps=scores.NUM_WARPS)
-    kernel = scores.attention_bwd512_scores_kernel
-    compiled = kernel[grid](*args, **constexprs)
-    if compiled is not None and not capturing:      # (None: a stand-in kernel in the CPU tests)
-        if len(_scores_plans) >= _MAX_PLANS:
-            _scores_plans.clear()
-        _scores_plans[key] = CachedLaunch(compiled, kernel.arg_names, args, constexprs, grid, q_blk.device.index)
+
+    def build():
+        kv_box, q_box = [scores.BLOCK_N, scores.CHUNK], [scores.BLOCK_M, scores.CHUNK]
+        out_box = [1, scores.BLOCK_N, scores.BLOCK_M]     # = [1, BLOCK_M, BLOCK_N] of dS (square tiles)
+        k2, v2 = (_desc(t.view(n * sk, d), kv_box) for t in (k_blk, v_blk))
+        q2, do2 = (_desc(t.view(n * rows, d), q_box) for t in (q_blk, do_blk))
+        grid = (-(-sk // scores.BLOCK_N), -(-rows // scores.BLOCK_M), n)
+        args = [k2, q2, v2, do2, _desc(pt, out_box), _desc(dst, out_box), _desc(ds, out_box), pb.lse, pb.delta,
+                rows, sk, pb.sq, g0, r0, pb.group_rows, pb.scale * LOG2E, pb.scale]
+        return grid, args, dict(BLOCK_M=scores.BLOCK_M, BLOCK_N=scores.BLOCK_N, STAGES=scores.STAGES,
+                                CAUSAL=bool(causal), num_warps=scores.NUM_WARPS)
+
+    launch_cached(_scores_plans, key, scores.attention_bwd512_scores_kernel, build, q_blk.device.index)
 
 
 def _padded(x: int) -> int:
     return -(-x // ROW_PAD) * ROW_PAD
+
+
+# How _b_operand copies B K-major: "torch" (its transposing copy, ~0.6 TB/s on the H200) or
+# "triton" (kernels_bwd512_kmajor, interpreter-checked and compiled in CI but not yet timed or run
+# on a GPU: scripts/attn512_bwd_sweep.py --kmajor-copy triton says whether it should be the default).
+KMAJOR_COPY = "torch"
 
 
 def _b_operand(b: torch.Tensor) -> torch.Tensor:
@@ -189,9 +188,11 @@ def _b_operand(b: torch.Tensor) -> torch.Tensor:
     g, k, d = b.shape
     if k % ROW_MULTIPLE == 0:
         return b
-    kmajor = torch.empty(g, d, _padded(k), dtype=b.dtype, device=b.device)[:, :, :k]
-    kmajor.copy_(b.transpose(1, 2))
-    return kmajor.transpose(1, 2)
+    if KMAJOR_COPY == "triton":
+        return kmajor.kmajor(b)
+    copy = torch.empty(g, d, _padded(k), dtype=b.dtype, device=b.device)[:, :, :k]
+    copy.copy_(b.transpose(1, 2))
+    return copy.transpose(1, 2)
 
 
 def _workspace(ws: torch.Tensor, n: int, rows: int, sk: int):
