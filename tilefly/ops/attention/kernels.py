@@ -140,9 +140,11 @@ def _descriptor(t: torch.Tensor, rows: int, head_dim: int):
     return TensorDescriptor(t, shape, strides, [1, 1, rows, head_dim], _shared_layout(rows, head_dim, t.dtype))
 
 
-@functools.lru_cache(maxsize=None)
-def _no_lse(device: torch.device) -> torch.Tensor:
-    return torch.empty(1, dtype=torch.float32, device=device)
+def _no_lse(out: torch.Tensor) -> torch.Tensor:
+    """The lse argument of a forward that stores none (STORE_LSE off: never dereferenced): an
+    FP32 view of ``out``, so that no tensor is kept for it (a kept one made during a CUDA graph
+    tree's warm-up would live in the graph's pool; see tilefly._device.kept)."""
+    return out.view(torch.float32)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
@@ -169,7 +171,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     descs = (_descriptor(q, cfg.box_rows, kd), _descriptor(k, cfg.block_n, kd), _descriptor(v, cfg.block_n, kd),
              _descriptor(out, cfg.box_rows, kd))
     grid = (-(-sq // cfg.block_m), b * hq)
-    args = (*descs, lse if need_lse else _no_lse(q.device), scale * LOG2E, sq, sk, hq, hq // hk)
+    args = (*descs, lse if need_lse else _no_lse(out), scale * LOG2E, sq, sk, hq, hq // hk)
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=kd, STAGES=cfg.stages(kd), CAUSAL=bool(causal),
                   STORE_LSE=bool(need_lse), num_warps=cfg.num_warps)
     with torch.cuda.device(q.device):

@@ -124,10 +124,24 @@ def unserved(q: torch.Tensor, k: torch.Tensor, workspace_bytes: int = bwd512.WOR
     return None
 
 
-@functools.lru_cache(maxsize=64)
 def _offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
-    """The grouped GEMM's ``offs`` for uniform groups: the end row of each (int32, on the device)."""
+    """The grouped GEMM's ``offs`` for uniform groups: the end row of each (int32, on the device),
+    kept per (groups, rows, device) outside CUDA graph pools (tilefly._device.kept); made afresh
+    under stream capture, where it belongs to the graph."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _make_offsets(groups, rows, device)
+    return _kept_offsets(groups, rows, device)
+
+
+def _make_offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
     return torch.arange(1, groups + 1, dtype=torch.int32, device=device) * rows
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
+    if device.type != "cuda":
+        return _make_offsets(groups, rows, device)
+    return _device.kept(lambda: _make_offsets(groups, rows, device), device)
 
 
 def _config(m: int, sms: int) -> GroupedConfig:

@@ -259,7 +259,7 @@ def forward512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
              _descriptor(out, BLOCK_M, d))
     grid = (-(-sq // BLOCK_M), b * hq)
     with torch.cuda.device(q.device):
-        attention_fwd512_kernel[grid](*descs, lse if need_lse else _no_lse(q.device), scale * LOG2E, sq, sk, hq,
+        attention_fwd512_kernel[grid](*descs, lse if need_lse else _no_lse(out), scale * LOG2E, sq, sk, hq,
                                       hq // hk, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, HEAD_DIM=HEAD_DIM,
                                       STAGES=cfg.stages, CAUSAL=bool(causal), STORE_LSE=bool(need_lse),
                                       num_warps=NUM_WARPS)

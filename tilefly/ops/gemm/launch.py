@@ -25,7 +25,6 @@ live in one grow-only pair of buffers per (device, stream); nothing syncs.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 
 import torch
@@ -269,22 +268,11 @@ _retired: list[tuple[torch.Tensor, torch.Tensor]] = []   # outgrown pairs, never
 
 
 def _kept_pair(device: torch.device, partials: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A partials/tickets pair kept across calls, allocated on a helper thread. CUDA graph trees
-    route every allocation of the thread that runs a graph's warm-up into the graph's private
-    pool (torch._C._cuda_beginAllocateCurrentThreadToPool); a pool tensor that outlives the call
-    fails their check ("tensors in the cudagraph pool not tracked as outputs") and would be
-    overwritten by the replays. Another thread allocates from the ordinary pool, on its own
-    stream: the tickets' zero fill is waited for here, and outgrown pairs are retired instead of
-    freed, so that no other stream's allocation can take memory a launch still uses."""
-    def make():
-        with torch.cuda.device(device):
-            return (torch.empty(partials, dtype=torch.float32, device=device),
-                    torch.zeros(tiles, dtype=torch.int32, device=device))
-
-    with concurrent.futures.ThreadPoolExecutor(1) as helper:
-        pair = helper.submit(make).result()
-    torch.cuda.synchronize(device)
-    return pair
+    """A partials/tickets pair kept across calls, outside any CUDA graph tree's pool
+    (tilefly._device.kept). It comes from another thread's stream, so an outgrown pair is
+    retired instead of freed: no other stream's allocation may take memory a launch still uses."""
+    return _device.kept(lambda: (torch.empty(partials, dtype=torch.float32, device=device),
+                                 torch.zeros(tiles, dtype=torch.int32, device=device)), device)
 
 
 def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: bool,
