@@ -72,8 +72,26 @@ def detached(value):
         return value.data_ptr()
     if isinstance(value, TensorDescriptor):
         return TensorDescriptor(Address(value.base.data_ptr(), value.base.dtype), value.shape, value.strides,
-                                value.block_shape, value.layout)
+                                value.block_shape, value.layout, padding=value.padding)
     return value
+
+
+def args_key(grid, args, constexprs: dict) -> tuple:
+    """A key naming everything a launch passes: tensors by address and dtype, TMA descriptors by
+    their base, shape, strides, box, layout and padding, other values by type and value (Triton
+    specializes 1 and multiples of 16, so the value decides the binary too)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def one(value):
+        if isinstance(value, torch.Tensor):
+            return ("t", value.data_ptr(), value.dtype)
+        if isinstance(value, TensorDescriptor):
+            return ("d", value.base.data_ptr(), value.base.dtype, tuple(value.shape), tuple(value.strides),
+                    tuple(value.block_shape), value.layout, value.padding)
+        return (type(value), value)
+
+    return (tuple(grid), tuple(one(a) for a in args), tuple(sorted(constexprs.items())))
 
 
 class CachedLaunch:
@@ -95,20 +113,25 @@ class CachedLaunch:
                      self.args if args is None else args)
 
 
-def launch_cached(plans: dict, key: tuple, kernel, build, index: int, max_plans: int = 256) -> None:
+def launch_cached(plans: dict, key: tuple | None, kernel, build, index: int, max_plans: int = 256) -> None:
     """Replay ``plans[key]`` (a ``CachedLaunch`` of an earlier launch), else launch
     ``kernel[grid](*args, **constexprs)`` with ``(grid, args, constexprs) = build()`` through the
     JIT and keep its plan. ``key`` must name everything the arguments hold (addresses, sizes,
-    scalars). Under CUDA graph capture always the JIT, nothing kept; nor is a launch that returns
-    no compiled kernel (a CPU test's stand-in)."""
+    scalars); None derives it from what ``build()`` returns (``args_key``: safe by construction,
+    at the price of building the arguments on every call). Under CUDA graph capture always the
+    JIT, nothing kept; nor is a launch that returns no compiled kernel (a CPU test's stand-in)."""
     import torch
 
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    built = None
+    if key is None:
+        built = build()
+        key = (kernel, *args_key(*built))
     plan = plans.get(key)
     if plan is not None and not capturing:
         plan()
         return
-    grid, args, constexprs = build()
+    grid, args, constexprs = built or build()
     compiled = kernel[grid](*args, **constexprs)
     if compiled is not None and not capturing:
         if len(plans) >= max_plans:

@@ -45,6 +45,7 @@ import math
 import torch
 
 from tilefly import _device
+from tilefly._triton_launch import launch_cached
 from tilefly.ops.attention.configs import BWD512_CONFIG_NAMES, FWD512_CONFIG_NAMES
 from tilefly.ops.attention.configs import (BWD_CONFIGS, CONFIGS,  # noqa: F401 - CONFIGS
                                            FWD_CONFIGS, HEAD_DIMS, BwdConfig, FwdConfig, default_bwd_config,
@@ -171,17 +172,32 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     descs = (_descriptor(q, cfg.box_rows, kd), _descriptor(k, cfg.block_n, kd), _descriptor(v, cfg.block_n, kd),
              _descriptor(out, cfg.box_rows, kd))
     grid = (-(-sq // cfg.block_m), b * hq)
-    args = (*descs, lse if need_lse else _no_lse(out), scale * LOG2E, sq, sk, hq, hq // hk)
+    args = [*descs, lse if need_lse else _no_lse(out), scale * LOG2E, sq, sk, hq, hq // hk]
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=kd, STAGES=cfg.stages(kd), CAUSAL=bool(causal),
                   STORE_LSE=bool(need_lse), num_warps=cfg.num_warps)
+    if cfg.pingpong:
+        from tilefly.ops.attention.kernels_fwd_ws import attention_fwd_ws_kernel as kernel
+    else:
+        kernel = attention_fwd_kernel
+        consts["OVERLAP"] = cfg.overlap
     with torch.cuda.device(q.device):
-        if cfg.pingpong:
-            from tilefly.ops.attention.kernels_fwd_ws import attention_fwd_ws_kernel
-
-            attention_fwd_ws_kernel[grid](*args, **consts)
-        else:
-            attention_fwd_kernel[grid](*args, OVERLAP=cfg.overlap, **consts)
+        replay(kernel, grid, args, consts, q)
     return out, lse
+
+
+# Replayed launches (tilefly._triton_launch.launch_cached) of the attention kernels: Triton's JIT
+# binds a launch's arguments (TMA descriptors among them) in tens of microseconds of host time,
+# which an SDPA override pays on every call. A model's layers each have their own addresses, so
+# the cache holds thousands (a few hundred bytes each) before it starts over.
+_plans: dict[tuple, object] = {}
+_MAX_PLANS = 4096
+
+
+def replay(kernel, grid, args: list, constexprs: dict, like: torch.Tensor) -> None:
+    """``kernel[grid](*args, **constexprs)`` on ``like``'s device, replayed from a cached plan when
+    every argument repeats (keyed by the arguments themselves: tilefly._triton_launch.args_key)."""
+    launch_cached(_plans, None, kernel, lambda: (grid, args, constexprs), like.device.index if like.is_cuda else 0,
+                  _MAX_PLANS)
 
 
 def forward_outputs(q: torch.Tensor, need_lse: bool, out: torch.Tensor | None,
@@ -270,17 +286,18 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     chunk = dkdv_chunk(d)
     scalars = (lse, delta, scale * LOG2E, scale, sq, sk, hq, hq // hk)
     with torch.cuda.device(q.device):
-        attention_bwd_delta_kernel[(-(-sq // block_s), b * hq)](
-            out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3], BLOCK_S=block_s,
-            BLOCK_D=block_d)
-        attention_bwd_dkdv_kernel[(-(-sk // cfg.rows) * (kd // chunk), b * hk)](
-            _descriptor(q, cfg.step, chunk), _descriptor(k, cfg.rows, chunk), _descriptor(v, cfg.rows, chunk),
-            _descriptor(grad_out, cfg.step, chunk), _descriptor(dk, cfg.rows, chunk), _descriptor(dv, cfg.rows, chunk),
-            *scalars, BLOCK_N=cfg.rows, BLOCK_M=cfg.step, HEAD_DIM=kd, STAGES=stages, CAUSAL=bool(causal),
-            num_warps=cfg.num_warps)
-        attention_bwd_dq_kernel[(-(-sq // cfg.rows), b * hq)](
-            _descriptor(q, cfg.rows, kd), _descriptor(k, cfg.step, kd), _descriptor(v, cfg.step, kd),
-            _descriptor(grad_out, cfg.rows, kd), _descriptor(dq, cfg.rows, kd),
-            *scalars, BLOCK_M=cfg.rows, BLOCK_N=cfg.step, HEAD_DIM=kd, STAGES=stages, CAUSAL=bool(causal),
-            num_warps=cfg.num_warps)
+        replay(attention_bwd_delta_kernel, (-(-sq // block_s), b * hq),
+               [out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3]],
+               dict(BLOCK_S=block_s, BLOCK_D=block_d), q)
+        replay(attention_bwd_dkdv_kernel, (-(-sk // cfg.rows) * (kd // chunk), b * hk),
+               [_descriptor(q, cfg.step, chunk), _descriptor(k, cfg.rows, chunk), _descriptor(v, cfg.rows, chunk),
+                _descriptor(grad_out, cfg.step, chunk), _descriptor(dk, cfg.rows, chunk),
+                _descriptor(dv, cfg.rows, chunk), *scalars],
+               dict(BLOCK_N=cfg.rows, BLOCK_M=cfg.step, HEAD_DIM=kd, STAGES=stages, CAUSAL=bool(causal),
+                    num_warps=cfg.num_warps), q)
+        replay(attention_bwd_dq_kernel, (-(-sq // cfg.rows), b * hq),
+               [_descriptor(q, cfg.rows, kd), _descriptor(k, cfg.step, kd), _descriptor(v, cfg.step, kd),
+                _descriptor(grad_out, cfg.rows, kd), _descriptor(dq, cfg.rows, kd), *scalars],
+               dict(BLOCK_M=cfg.rows, BLOCK_N=cfg.step, HEAD_DIM=kd, STAGES=stages, CAUSAL=bool(causal),
+                    num_warps=cfg.num_warps), q)
     return dq, dk, dv

@@ -278,7 +278,7 @@ def prepare(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Check the arguments, make the operands contiguous (copies only where they are not) and run
     the delta kernel."""
     from tilefly.ops.attention.configs import delta_blocks
-    from tilefly.ops.attention.kernels import _tma_reason
+    from tilefly.ops.attention.kernels import _tma_reason, replay
     from tilefly.ops.attention.kernels_bwd import attention_bwd_delta_kernel
 
     b, hq, sq, d = q.shape
@@ -310,9 +310,9 @@ def prepare(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     delta = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
     block_s, block_d = delta_blocks(d)
     with device_of(q):
-        attention_bwd_delta_kernel[(-(-sq // block_s), b * hq)](
-            out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3], BLOCK_S=block_s,
-            BLOCK_D=block_d)
+        replay(attention_bwd_delta_kernel, (-(-sq // block_s), b * hq),
+               [out, grad_out, delta, sq, hq, d, *out.stride()[:3], *grad_out.stride()[:3]],
+               dict(BLOCK_S=block_s, BLOCK_D=block_d), q)
     return Problem(qs, dos, ks, vs, dqs, dks, dvs, lse, delta, scale, group, sq, sk, grads, targets)
 
 

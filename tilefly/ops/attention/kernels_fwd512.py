@@ -244,7 +244,7 @@ def forward512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
                lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """kernels.forward for head dim 512: (out B x Hq x Sq x 512 like q, lse B x Hq x Sq float32 or
     None). The caller checked kernels.unsupported() (with head dim 512 admitted)."""
-    from tilefly.ops.attention.kernels import LOG2E, _descriptor, _no_lse, forward_outputs
+    from tilefly.ops.attention.kernels import LOG2E, _descriptor, _no_lse, forward_outputs, replay
 
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
@@ -259,8 +259,8 @@ def forward512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
              _descriptor(out, BLOCK_M, d))
     grid = (-(-sq // BLOCK_M), b * hq)
     with torch.cuda.device(q.device):
-        attention_fwd512_kernel[grid](*descs, lse if need_lse else _no_lse(out), scale * LOG2E, sq, sk, hq,
-                                      hq // hk, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, HEAD_DIM=HEAD_DIM,
-                                      STAGES=cfg.stages, CAUSAL=bool(causal), STORE_LSE=bool(need_lse),
-                                      num_warps=NUM_WARPS)
+        replay(attention_fwd512_kernel, grid,
+               [*descs, lse if need_lse else _no_lse(out), scale * LOG2E, sq, sk, hq, hq // hk],
+               dict(BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, HEAD_DIM=HEAD_DIM, STAGES=cfg.stages,
+                    CAUSAL=bool(causal), STORE_LSE=bool(need_lse), num_warps=NUM_WARPS), q)
     return out, lse
