@@ -322,6 +322,8 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                 workspace_bytes: int = WORKSPACE_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """kernels.backward for head dim 512: (dq, dk, dv) like q, k, v (or ``grads``, written in place).
     The caller checked kernels.unsupported()."""
+    from tilefly.ops.attention.kernels import replay
+
     pb = prepare(grad_out, q, k, v, out, lse, scale, grads)
     qs, dos, ks, vs, dqs, dks, dvs = pb.qs, pb.dos, pb.ks, pb.vs, pb.dqs, pb.dks, pb.dvs
     groups, group_rows, sq, sk, d = pb.groups, pb.group_rows, pb.sq, pb.sk, HEAD_DIM
@@ -353,10 +355,10 @@ def backward512(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                     _scores(q_blk, ks[g0:g1].transpose(1, 2), s)
                     _scores(do_blk, vs[g0:g1].transpose(1, 2), dp)
                 grid = (triton.cdiv(sk, BLOCK_K), triton.cdiv(r1 - r0, BLOCK_R), g1 - g0)
-                attention_bwd512_softmax_grad_kernel[grid](
-                    s, dp, pb.lse, pb.delta, p, ds, r1 - r0, sk, sq, g0, r0, group_rows, pb.scale * LOG2E, pb.scale,
-                    BLOCK_R=BLOCK_R, BLOCK_K=BLOCK_K,
-                    CAUSAL=bool(causal), num_warps=NUM_WARPS)
+                replay(attention_bwd512_softmax_grad_kernel, grid,
+                       [s, dp, pb.lse, pb.delta, p, ds, r1 - r0, sk, sq, g0, r0, group_rows, pb.scale * LOG2E,
+                        pb.scale], dict(BLOCK_R=BLOCK_R, BLOCK_K=BLOCK_K, CAUSAL=bool(causal), num_warps=NUM_WARPS),
+                       q)
                 if edges:
                     _triangle_grads(q_blk, do_blk, ks[g0:g1], p, ds, dqs[g0:g1], dks[g0:g1], dvs[g0:g1], edges)
                     continue
