@@ -30,3 +30,25 @@ def _clean_tilefly(monkeypatch):
     tilefly.disable()
     for opt in config.OPTIONS:
         setattr(config, opt.name, opt.default)
+
+
+@pytest.fixture
+def graph_tree_pool():
+    """A CUDA graph trees' private pool: ``warmup()`` routes this thread's allocations into it as
+    the trees' warm-up does (on a stream of its own); ``check()`` fails if a tensor is still
+    live in it ("tensors in the cudagraph pool not tracked as outputs")."""
+    import types
+
+    trees = pytest.importorskip("torch._inductor.cudagraph_trees")
+    device = torch.cuda.current_device()
+    pool = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):     # the pool exists once a capture used it
+        torch.empty(1, device="cuda")
+
+    def check():
+        torch.cuda.synchronize()
+        trees.check_memory_pool(device, pool, [])
+
+    return types.SimpleNamespace(
+        warmup=lambda: trees._use_cuda_memory_pool_manager(device, pool, torch.cuda.Stream()), check=check)

@@ -705,24 +705,18 @@ def test_triton_kmajor_copy_equals_the_source(dtype, g, k, rows, row0):
 
 
 @pytest.mark.cuda
-def test_kept_tensors_stay_out_of_cuda_graph_tree_pools():
+def test_kept_tensors_stay_out_of_cuda_graph_tree_pools(graph_tree_pool):
     """The grouped GEMM offsets bwd512g keeps, and the forward without lse, inside a CUDA graph
     tree's warm-up (its thread's allocations routed into the graph's pool): nothing they keep may
     land in the pool (the trees' check: "tensors in the cudagraph pool not tracked as outputs")."""
-    trees = pytest.importorskip("torch._inductor.cudagraph_trees")
-    device = torch.cuda.current_device()
-    pool = torch.cuda.graph_pool_handle()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):     # the pool exists once a capture used it
-        torch.empty(1, device="cuda")
     kernels_bwd512g._kept_offsets.cache_clear()
     q, k, v = cuda_inputs(1, 2, 2, 128, 128, D)
     out, lse = kernels.forward(q, k, v, False, None, True)
     grad_out = torch.randn_like(q)
-    with trees._use_cuda_memory_pool_manager(device, pool, torch.cuda.Stream()):
+    with graph_tree_pool.warmup():
         got = kernels.backward(grad_out, q, k, v, out, lse, False, None, "bwd512g")
         no_lse_out, _ = kernels.forward(q, k, v, False, None, False)
         del got, no_lse_out
     torch.cuda.synchronize()
     assert kernels_bwd512g._kept_offsets.cache_info().currsize > 0
-    trees.check_memory_pool(device, pool, [])
+    graph_tree_pool.check()

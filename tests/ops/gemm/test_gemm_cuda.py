@@ -157,27 +157,21 @@ def test_splitk_inside_a_cuda_graph():
         check(out, a, b)
 
 
-def test_kept_buffers_stay_out_of_cuda_graph_tree_pools():
+def test_kept_buffers_stay_out_of_cuda_graph_tree_pools(graph_tree_pool):
     """CUDA graph trees warm a graph up with the thread's allocations routed into the graph's
     private pool; the split-K buffers kept across calls must not land there (the trees' check
     then fails: "tensors in the cudagraph pool not tracked as outputs"), on a new stream too."""
-    trees = pytest.importorskip("torch._inductor.cudagraph_trees")
-    device = torch.cuda.current_device()
-    pool = torch.cuda.graph_pool_handle()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):     # the pool exists once a capture used it
-        torch.empty(1, device="cuda")
     launch._buffers.clear()
     launch._placeholder.clear()
     a, b = operands(16, 4096, 4096, "NT")
     out = torch.full((16, 4096), float("nan"), device="cuda", dtype=a.dtype)
-    with trees._use_cuda_memory_pool_manager(device, pool, torch.cuda.Stream()):
+    with graph_tree_pool.warmup():
         launch.run(SPLITK, a, b, out)
         placeholders = launch._placeholders(a.device)
     torch.cuda.synchronize()
     check(out, a, b)
     assert launch._buffers and placeholders
-    trees.check_memory_pool(device, pool, [])
+    graph_tree_pool.check()
 
 
 def test_column_major_output_is_served_by_swapping():
