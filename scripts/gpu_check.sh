@@ -57,9 +57,13 @@ pack
 if [ -n "$TESTS" ]; then
   say "GPU tests: $TESTS"
   XDIST=(); [ "$JOBS" -gt 1 ] && XDIST=(-n "$JOBS")
-  step python3 -m pytest -q -rfE -m cuda -p no:cacheprovider "${XDIST[@]}" $TESTS >"$WORK/gpu_tests.log" 2>&1
+  # -v names every test as it ends and the failures file keeps each failure's report as it
+  # happens: a step stopped by --step-limit never prints pytest's summary
+  TILEFLY_TEST_FAILURES="$WORK/gpu_test_failures.txt" \
+    step python3 -m pytest -v -rfE -m cuda -p no:cacheprovider "${XDIST[@]}" $TESTS >"$WORK/gpu_tests.log" 2>&1
   echo "pytest exit $?" >>"$WORK/gpu_tests.log"
-  grep -E "passed|failed|error|FAILED|ERROR" "$WORK/gpu_tests.log" | tail -40 | tee -a "$LOG"
+  grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|pytest exit|step stopped" "$WORK/gpu_tests.log" | tail -40 | tee -a "$LOG"
+  [ -f "$WORK/gpu_test_failures.txt" ] && grep "^==== " "$WORK/gpu_test_failures.txt" | tee -a "$LOG"
   pack
 fi
 

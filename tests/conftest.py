@@ -1,5 +1,9 @@
 """Shared test setup: the ``cuda`` marker skips without an sm_90 GPU; every test
-starts and ends with tilefly disabled and default options."""
+starts and ends with tilefly disabled and default options. With TILEFLY_TEST_FAILURES=<file>
+each failure's report is appended to that file as it happens, so a run stopped by a time
+limit still tells which tests failed and why (pytest prints its summary only at the end)."""
+import os
+
 import pytest
 import torch
 
@@ -18,6 +22,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get("TILEFLY_TEST_FAILURES")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return     # under xdist the controller writes: it sees every worker's reports
+    with open(path, "a") as f:
+        f.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
 
 
 @pytest.fixture(autouse=True)

@@ -141,8 +141,10 @@ def _failed(provider: Provider, exc: BaseException) -> ProviderResult:
 def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) -> dict[str, ProviderResult]:
     """``policy.rounds`` rounds over the providers in turn, each round a 1/rounds share of every
     provider's repetitions inside its context, so that clock drift over a case (boost clocks
-    follow power and temperature) reaches every provider alike; warm-up and dispatch recording
-    once per provider, before the first round. Results in ``providers`` order."""
+    follow power and temperature) reaches every provider alike. Each round starts one provider
+    later than the last: whoever runs first after a low-power provider gets the higher clocks,
+    and a fixed order would hand that to the same provider every round. Warm-up and dispatch
+    recording once per provider, before the first round. Results in ``providers`` order."""
     results: dict[str, ProviderResult] = {}
     ready: dict[str, tuple[Provider, Callable[[], Any], int, bool | None, str | None]] = {}
     for provider in providers:
@@ -159,8 +161,11 @@ def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) 
         finally:
             _sync()
     times: dict[str, list[float]] = {name: [] for name in ready}
-    for _ in range(policy.rounds):
-        for name, (provider, fn, reps, _, _) in list(ready.items()):
+    for rnd in range(policy.rounds):
+        for name in _rotated(list(ready), rnd):
+            if name not in ready:
+                continue
+            provider, fn, reps, _, _ = ready[name]
             try:
                 with provider.context():
                     times[name] += timing.sample(fn, reps)
@@ -176,6 +181,13 @@ def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) 
         except Exception as exc:  # noqa: BLE001
             results[name] = _failed(provider, exc)
     return {p.name: results[p.name] for p in providers}
+
+
+def _rotated(names: list[str], start: int) -> list[str]:
+    if not names:
+        return names
+    start %= len(names)
+    return names[start:] + names[:start]
 
 
 def _derive(derived: Derived, results: dict[str, ProviderResult]) -> ProviderResult:

@@ -216,6 +216,9 @@ def stand_ins(monkeypatch):
     gemms = _Grouped()
     monkeypatch.setattr(grouped, "run", gemms)
     monkeypatch.setattr(_device, "sm_count", lambda t: 132)
+    # the Triton K-major copy needs a GPU (its own interpreter test covers it); torch's copy
+    # writes the same layout
+    monkeypatch.setattr(kernels_bwd512g, "KMAJOR_COPY", "torch")
     fake.gemms = gemms.launches
     return fake
 

@@ -190,10 +190,12 @@ def _padded(x: int) -> int:
     return -(-x // ROW_PAD) * ROW_PAD
 
 
-# How _b_operand copies B K-major: "torch" (its transposing copy, ~0.6 TB/s on the H200) or
-# "triton" (kernels_bwd512_kmajor, interpreter-checked and compiled in CI but not yet timed or run
-# on a GPU: scripts/attn512_bwd_sweep.py --kmajor-copy triton says whether it should be the default).
-KMAJOR_COPY = "torch"
+# How _b_operand copies B K-major: "triton" (kernels_bwd512_kmajor) or "torch" (its transposing
+# copy, ~0.6 TB/s on the H200). Whole backward on the H200 (scripts/attn512_bwd_sweep.py
+# --kmajor-copy torch,triton at 0a93d23): B4 H8 S777 558 -> 352 us, B1 H8 S4095 causal
+# 1353 -> 1083 us, B2 Hq8 Hk4 S1000 658 -> 371 us; B2 H8 S1000 read 749 -> 807 us, the sweep's
+# first case, both above bwd512's 656 us there (the tuner routes by workload).
+KMAJOR_COPY = "triton"
 
 
 def _b_operand(b: torch.Tensor) -> torch.Tensor:
