@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--causal-blocks", help="comma-separated forced causal block counts to time bwd512g with")
     ap.add_argument("--extra", action="append", default=[], metavar="B,H,S,CAUSAL",
                     help="also time this shape (e.g. 2,8,1000,1: lengths off the tile, K-major B copies)")
-    ap.add_argument("--kmajor-copy", default="torch",
+    ap.add_argument("--kmajor-copy", default=kernels_bwd512g.KMAJOR_COPY,
                     help="comma-separated K-major copies to time bwd512g with where lengths are off 64 "
                          "(kernels_bwd512g.KMAJOR_COPY: torch, triton)")
     ap.add_argument("--json")
