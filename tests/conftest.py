@@ -62,5 +62,8 @@ def graph_tree_pool():
         torch.cuda.synchronize()
         trees.check_memory_pool(device, pool, [])
 
+    # the namespace holds the graph: the pool lives only while a graph that captured into it does
+    # (beginAllocateCurrentThreadToPool asserts the pool's use count)
     return types.SimpleNamespace(
-        warmup=lambda: trees._use_cuda_memory_pool_manager(device, pool, torch.cuda.Stream()), check=check)
+        warmup=lambda: trees._use_cuda_memory_pool_manager(device, pool, torch.cuda.Stream()), check=check,
+        graph=graph)
