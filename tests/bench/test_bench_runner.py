@@ -69,8 +69,8 @@ def test_run_case_bookkeeping(fake_timing):
 
 
 def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
-    """rounds=3: warm-up once per provider, then a, b, c / b, c, a / c, a, b (each round starts
-    one provider later) with ceil(10 / 3) = 4 reps a turn, each inside the provider's context; the pooled 12 samples make the median; a provider
+    """rounds=3: warm-up once per provider, then a, b, c and two rounds in the runner's shuffled
+    orders, ceil(10 / 3) = 4 reps a turn, each inside the provider's context; the pooled 12 samples make the median; a provider
     failing in a later round is recorded as failed, one not built as n/a."""
     events, entered = [], []
     b_calls = []
@@ -106,7 +106,8 @@ def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
     got = runner.run_providers_interleaved(providers, policy)
     assert list(got) == ["a", "n", "b", "c"]
     order = [e[0] for e in events if e[0] != "warm"]
-    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]     # b fails in round 3
+    want = [n for r in range(3) for n in runner._round_order(["a", "b", "c"], r)]
+    assert order == want and order[:3] == ["a", "b", "c"]     # b fails in round 3, its last
     assert all(e[1] == 4 for e in events if e[0] != "warm")
     assert entered[:3] == ["a", "b", "c"] and entered.count("a") == 1 + 3 + 1   # build, 3 rounds, result
     assert (got["a"].median_us, got["a"].reps) == (timing.summary([10.0 + i for i in range(4)] * 3).median_us, 12)
@@ -114,6 +115,17 @@ def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
     assert got["b"].median_us is None and got["b"].note == "n/a: gone"
     assert got["n"].note == "n/a: not here"
     assert "3 rounds" in policy.describe()
+
+
+def test_round_orders_vary_the_neighbours():
+    """After the first round the order is shuffled per round (seeded: runs repeat), so no provider
+    follows the same one every round, as a rotated cyclic order would make it."""
+    names = [f"p{i}" for i in range(10)]
+    orders = [runner._round_order(names, r) for r in range(5)]
+    assert orders[0] == names and all(sorted(o) == names for o in orders)
+    assert orders == [runner._round_order(names, r) for r in range(5)]
+    before_first = {o[o.index("p0") - 1] if o.index("p0") else None for o in orders[1:]}
+    assert len(before_first) > 1
 
 
 def test_run_case_interleaves_when_asked(monkeypatch, fake_timing):

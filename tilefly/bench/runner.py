@@ -12,6 +12,7 @@ be built gets a ``setup`` entry saying why; the run goes on.
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -141,9 +142,11 @@ def _failed(provider: Provider, exc: BaseException) -> ProviderResult:
 def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) -> dict[str, ProviderResult]:
     """``policy.rounds`` rounds over the providers in turn, each round a 1/rounds share of every
     provider's repetitions inside its context, so that clock drift over a case (boost clocks
-    follow power and temperature) reaches every provider alike. Each round starts one provider
-    later than the last: whoever runs first after a low-power provider gets the higher clocks,
-    and a fixed order would hand that to the same provider every round. Warm-up and dispatch
+    follow power and temperature) reaches every provider alike. After the first round each round
+    takes the providers in a shuffled order (seeded by the round): a provider timed right after a
+    low-power one gets higher clocks, and any fixed cyclic order, rotated or not, keeps the same
+    neighbours every round (an attention bench read PyTorch's default 3-9 % faster than the same
+    cuDNN kernel forced, timed each round after the slowest provider). Warm-up and dispatch
     recording once per provider, before the first round. Results in ``providers`` order."""
     results: dict[str, ProviderResult] = {}
     ready: dict[str, tuple[Provider, Callable[[], Any], int, bool | None, str | None]] = {}
@@ -162,7 +165,7 @@ def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) 
             _sync()
     times: dict[str, list[float]] = {name: [] for name in ready}
     for rnd in range(policy.rounds):
-        for name in _rotated(list(ready), rnd):
+        for name in _round_order(list(ready), rnd):
             if name not in ready:
                 continue
             provider, fn, reps, _, _ = ready[name]
@@ -183,11 +186,12 @@ def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) 
     return {p.name: results[p.name] for p in providers}
 
 
-def _rotated(names: list[str], start: int) -> list[str]:
-    if not names:
+def _round_order(names: list[str], rnd: int) -> list[str]:
+    if rnd == 0:
         return names
-    start %= len(names)
-    return names[start:] + names[:start]
+    order = list(names)
+    random.Random(rnd).shuffle(order)
+    return order
 
 
 def _derive(derived: Derived, results: dict[str, ProviderResult]) -> ProviderResult:
