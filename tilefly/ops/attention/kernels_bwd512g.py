@@ -19,10 +19,11 @@ B is read row-major (the operands as prepare() leaves them) when its K (R for dK
 dQ) is a multiple of the GEMMs' BLOCK_K (64). Otherwise a group's last K-step would read the next
 group's first rows: times A's zero-filled tail columns that is exact zero for finite values, but
 0 x Inf is NaN, which would carry one group's non-finite input into another's gradients. So such
-a B is copied K-major ([g, D, K], rows padded to 8 elements), which the grouped GEMM reads through
-a [g * D, K] view whose K tail TMA zero-fills per group. The copy is torch's transposing copy, at
-~0.6 TB/s: 167 us against 217 us of kernels at B2 H8 S1000 (BENCHMARKS.md session 16), so lengths
-off 64 pay for it. The workspace's rows are padded to 8 elements (16 bytes, what TMA needs of a
+a B is copied K-major ([g, D, K], rows padded), which the grouped GEMM reads through a [g * D, K]
+view whose K tail TMA zero-fills per group. The copy is kernels_bwd512_kmajor's Triton kernel
+(KMAJOR_COPY): torch's transposing copy ran at ~0.6 TB/s, 167 us against 217 us of kernels at B2 H8
+S1000 (BENCHMARKS.md session 16); with the kernel the whole backward at B4 H8 S777 went from 558 to
+352 us (session 17). Lengths off 64 still pay for the copies. The workspace's rows are padded to 8 elements (16 bytes, what TMA needs of a
 row stride) and its descriptors clip at R and Sk, so any R and Sk run.
 
 The grouped GEMM sums over its inner dimension, which for dK and dV runs over all G q heads' rows:
