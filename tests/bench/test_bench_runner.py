@@ -70,8 +70,9 @@ def test_run_case_bookkeeping(fake_timing):
 
 def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
     """rounds=3: warm-up once per provider, then a, b, c and two rounds in the runner's shuffled
-    orders, ceil(10 / 3) = 4 reps a turn, each inside the provider's context; the pooled 12 samples make the median; a provider
-    failing in a later round is recorded as failed, one not built as n/a."""
+    orders, ceil(10 / 3) = 4 reps a turn, each inside the provider's context; the pooled 12
+    samples make the median; a provider failing in a later round is recorded as failed, one not
+    built as n/a."""
     events, entered = [], []
     b_calls = []
 

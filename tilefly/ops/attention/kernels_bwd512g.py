@@ -23,8 +23,9 @@ a B is copied K-major ([g, D, K], rows padded), which the grouped GEMM reads thr
 view whose K tail TMA zero-fills per group. The copy is kernels_bwd512_kmajor's Triton kernel
 (KMAJOR_COPY): torch's transposing copy ran at ~0.6 TB/s, 167 us against 217 us of kernels at B2 H8
 S1000 (BENCHMARKS.md session 16); with the kernel the whole backward at B4 H8 S777 went from 558 to
-352 us (session 17). Lengths off 64 still pay for the copies. The workspace's rows are padded to 8 elements (16 bytes, what TMA needs of a
-row stride) and its descriptors clip at R and Sk, so any R and Sk run.
+352 us (session 17). Lengths off 64 still pay for the copies. The workspace's rows are padded to 8
+elements (16 bytes, what TMA needs of a row stride) and its descriptors clip at R and Sk, so any R
+and Sk run.
 
 The grouped GEMM sums over its inner dimension, which for dK and dV runs over all G q heads' rows:
 the GQA reduction is free. Its groups are uniform here (``offs`` = multiples of Sk or R, built
@@ -195,7 +196,7 @@ def _padded(x: int) -> int:
 # copy, ~0.6 TB/s on the H200). Whole backward on the H200 (scripts/attn512_bwd_sweep.py
 # --kmajor-copy torch,triton at 0a93d23): B4 H8 S777 558 -> 352 us, B1 H8 S4095 causal
 # 1353 -> 1083 us, B2 Hq8 Hk4 S1000 658 -> 371 us; B2 H8 S1000 read 749 -> 807 us, the sweep's
-# first case, both above bwd512's 656 us there (the tuner routes by workload).
+# first case, both above bwd512's 656 us (the database's 512 bin, which S1000 falls in, names bwd512).
 KMAJOR_COPY = "triton"
 
 
