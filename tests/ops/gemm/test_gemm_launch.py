@@ -266,6 +266,20 @@ def test_split_choice_covers_the_gpu_and_never_leaves_an_empty_split():
     assert configs.choose_splits(SPLITK_SMALL, 1, 1, SMS) == 1
 
 
+def test_residency_counts_shallow_rings_only():
+    """Every shipped splitk config fills an SM's shared memory (one program at a time); a shallow
+    ring of the exhaustive list fits several, which the split choice then counts as slots."""
+    assert all(configs.resident(c) == 1 for c in configs.DEFAULT if c.kind == "splitk")
+    shallow = configs.GemmConfig("splitk", 64, 16, 64, 3, 4, max_splits=16)
+    assert configs.SMEM_PER_SM // shallow.smem_bytes() >= 3 and configs.resident(shallow) == 3
+    wide = configs.GemmConfig("splitk", 64, 16, 64, 3, 8, max_splits=16)
+    assert configs.resident(wide) == 1    # 8 warps at ~168 registers a thread fill the register file
+    # 32 tiles x 32 K-steps on 132 SMs: 4 splits (128 programs of 8 K-steps) at one program an
+    # SM; with three, 11 splits (352 programs of 3 K-steps, still one wave)
+    assert configs.choose_splits(shallow, 32, 32, SMS) == 4
+    assert configs.choose_splits(shallow, 32, 32, SMS * configs.resident(shallow)) == 11
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_compile_ahead_passes_every_kernel_parameter(monkeypatch, cfg):
     params = configs.kernel_of(cfg).arg_names

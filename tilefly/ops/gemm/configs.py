@@ -177,13 +177,23 @@ def offered(m: int, n: int, k: int, search: str = "default") -> list[GemmConfig]
 # Fixed cost of one split-K program in K-steps: pipeline fill, partial store, ticket and
 # the last program's reduction. A guess to be refit from an H200 sweep (sweep.py).
 SPLIT_OVERHEAD_STEPS = 2
+SMEM_PER_SM = 233472         # bytes all resident blocks of an SM share (228 KB)
+MAX_RESIDENT = 3             # splitk programs an SM is assumed to run at once, at most
+REGS_PER_THREAD = 168        # a guess at ptxas's count, only used to bound residency
+
+
+def resident(cfg: GemmConfig) -> int:
+    """splitk programs of ``cfg`` one SM runs at once, as shared memory and registers allow:
+    1 for every shipped config (each fills most of the shared memory with its ring), more for
+    the exhaustive list's shallow rings."""
+    by_regs = 65536 // (32 * cfg.num_warps * REGS_PER_THREAD)
+    return max(1, min(MAX_RESIDENT, SMEM_PER_SM // cfg.smem_bytes(), by_regs))
 
 
 def choose_splits(cfg: GemmConfig, tiles: int, k_iters: int, num_sms: int) -> int:
-    """K-splits for a splitk launch. One program per SM at a time (each uses most of the
-    shared memory), so a launch takes about waves x (K-steps per split + overhead);
-    pick the split count that minimizes it (fewest splits on ties), never leaving a
-    split empty."""
+    """K-splits for a splitk launch. ``num_sms`` counts program slots (SMs x ``resident``),
+    so a launch takes about waves x (K-steps per split + overhead); pick the split count
+    that minimizes it (fewest splits on ties), never leaving a split empty."""
     best, best_time = 1, None
     for splits in range(1, min(cfg.max_splits, k_iters) + 1):
         per_split = -(-k_iters // splits)

@@ -32,7 +32,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilefly import _device, _triton_launch
 from tilefly._triton_launch import CachedLaunch
-from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of, layout_reason
+from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of, layout_reason, resident
 from tilefly.ops.gemm.eligibility import TMA_ALIGN, MatrixFacts, bias_mode, facts_from_tensor, row_major_ok
 
 
@@ -186,7 +186,7 @@ def _prepare_splitk(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
     a_desc, b_desc, a_kmajor, b_kmajor = _operand_descriptors(cfg, a, b)
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     k_iters = _cdiv(k, cfg.block_k)
-    splits = choose_splits(cfg, tiles, k_iters, _device.sm_count(out))
+    splits = choose_splits(cfg, tiles, k_iters, _device.sm_count(out) * resident(cfg))
     per_split = _cdiv(k_iters, splits)
     splits = _cdiv(k_iters, per_split)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
