@@ -162,7 +162,7 @@ def _edge_lanes(s, body_start, body_len, N, V: tl.constexpr):
 def _row_edge_lanes(row, M, N, stride_row, V: tl.constexpr):
     """``_edge_lanes`` of one SPLIT row from its scalar index (masked off past M): a [2V] tile
     free of the rows tile's layout, so Triton spreads it a lane a thread (ROW_EDGES)."""
-    s = row.to(tl.int64) * stride_row
+    s = tl.cast(row, tl.int64) * stride_row
     body_start = (s + V - 1) // V * V
     pos, mask = _edge_lanes(s, body_start, (s + N) // V * V - body_start, N, V)
     return pos, mask & (row < M)
@@ -259,8 +259,24 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-                         W_PDL: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+                         W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr):
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
+            _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL)
+    else:
+        _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL)
+
+
+@triton.jit
+def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
+               BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
+               ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
+               W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
+               W_PDL: tl.constexpr):
+    """Rows [tile * ROWS, tile * ROWS + ROWS) of the rows kernel."""
+    rows = tile * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -288,7 +304,7 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
     sumsq = tl.sum(x * x, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            e_pos, e_mask = _row_edge_lanes(tl.program_id(0) * ROWS + r, M, N, stride_row, V)
+            e_pos, e_mask = _row_edge_lanes(tile * ROWS + r, M, N, stride_row, V)
             xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
             sumsq += tl.where(tl.arange(0, ROWS) == r, tl.sum(xe * xe, axis=0), 0.0)
     elif SPLIT:
@@ -314,12 +330,12 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
     tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            row = tl.program_id(0) * ROWS + r
+            row = tile * ROWS + r
             e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
             xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)  # again: an L1 hit
             ye = xe * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)
             if HAS_W:
-                w_pos = e_pos - row.to(tl.int64) * stride_row
+                w_pos = e_pos - tl.cast(row, tl.int64) * stride_row
                 ye = ye * tl.load(W + w_pos, mask=e_mask, other=0.0).to(tl.float32)
             tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
     elif SPLIT:

@@ -42,7 +42,8 @@ class Entry:
             return min(M, self.programs)
         if self.kernel == "segments":
             return M * self.segments
-        return -(-M // self.rows_per_program)
+        tiles = -(-M // self.rows_per_program)
+        return min(tiles, self.programs) if self.programs else tiles  # programs: a persistent rows grid
 
 
 # Compiled kernels by everything Triton specialized them on (pointer alignment, N and the row
@@ -174,6 +175,8 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
             entry.shift = shift
     if cfg_.kernel == "rows":
         kernel = kernels.rms_norm_rows_kernel
+        if cfg_.persistent:
+            entry.programs = (_device.sm_count(x) if x.is_cuda else 4) * cfg_.programs_per_sm
     elif cfg_.kernel == "chunked":
         kernel = kernels.rms_norm_chunked_kernel
         entry.programs = (_device.sm_count(x) if x.is_cuda else 4) * cfg_.programs_per_sm
