@@ -25,8 +25,16 @@ rms_norm_rows_kernel -- the row fits in registers (one pass, no loop).
   thread: two 16-byte vectors of FP16/BF16, four of FP32). Layout (Triton's blocked layout for
   a vectorized load): each thread holds 16-byte runs along the row, lanes then warps continue
   along the row, warps left over spread across rows. Shared memory: only the cross-warp step of
-  tl.sum (a few floats per warp, one barrier). No staging, no pipelining: occupancy (several
-  programs per SM) keeps enough loads in flight.
+  tl.sum (a few floats per warp, one barrier). Without PERSISTENT no staging, no pipelining:
+  occupancy (several programs per SM) keeps enough loads in flight.
+
+  PERSISTENT (configs.Config.persistent; sweep.py --new, not in TUNED until measured): a grid
+  of programs_per_sm programs an SM, each looping over the row tiles (tl.range, num_stages =
+  STAGES). Triton's pipeliner then issues the next tile's loads (x, and w's tile: the loop does
+  not hoist it) as cp.async into shared memory while this tile reduces and stores, STAGES - 1
+  buffers per load: FP32 [16384] with w realigned takes 192 KB at 2 stages. Why: where the tile
+  needs ~110 registers over 512 threads (FP32 rows of 16385) an SM holds one CTA, one row in
+  flight, and nothing loads while that row reduces and stores.
 
 rms_norm_chunked_kernel -- rows too long for registers (two passes, the second from L2).
   Persistent grid, a few programs per SM, each normalizing whole rows in turn. Tile [CHUNK],
