@@ -484,3 +484,24 @@ def test_segments_keeping_16_bit_x(dtype, cfg):
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
     torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.float32, 16384),
+                                      (torch.bfloat16, 16384)])
+def test_persistent_rows_loop_over_many_tiles(dtype, N):
+    """Persistent rows tiles (sweep.py --new) with more row tiles than programs, so each program
+    loops and its pipelined loads run ahead into the next tile; every output written once."""
+    M = 601
+    x = rand(M, N, dtype=dtype)
+    w = rand_weight(N, dtype)
+    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
+    layout = configs.row_layout(N, N, True, x.element_size())
+    candidates = configs.new_candidates(N, x.element_size(), layout)
+    assert candidates and all(c.persistent for c in candidates)
+    for cfg in candidates:
+        y = torch.full_like(x, float("nan"))
+        rstd = torch.full((M, 1), float("nan"), device="cuda")
+        entry = launcher.launch_rows(x, w, y, rstd, M, N, N, 1e-6, cfg)
+        assert entry is None or entry.grid(M) < -(-M // cfg.rows)     # fewer programs than tiles
+        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
+        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
