@@ -74,3 +74,22 @@ def test_python_m_entry_point(monkeypatch, capsys, no_hopper):
     monkeypatch.setattr(doctor, "selfcheck", lambda: 0)
     assert main(["bench", "--quick"]) == 0
     assert "need an NVIDIA Hopper GPU" in capsys.readouterr().out
+
+
+def test_e2e_suite_takes_its_own_arguments_in_any_spelling():
+    """``--suite e2e`` and ``--suite=e2e``, anywhere on the line, hand the rest to the e2e engine;
+    mixed with other suites it is a clear error, not argparse's "invalid choice"."""
+    assert cli.e2e_argv(["--suite", "e2e", "--model", "tiny"]) == ["--model", "tiny"]
+    assert cli.e2e_argv(["--model", "tiny", "--suite=e2e"]) == ["--model", "tiny"]
+    assert cli.e2e_argv(["--precision", "bf16", "--suite", "e2e", "--eager"]) == ["--precision", "bf16", "--eager"]
+    assert cli.e2e_argv(["--suite", "rmsnorm"]) is None and cli.e2e_argv([]) is None
+    for mixed in (["--suite", "e2e", "rmsnorm"], ["--suite", "rmsnorm", "e2e"]):
+        with pytest.raises(SystemExit, match="runs alone"):
+            cli.e2e_argv(mixed)
+
+
+def test_main_hands_the_e2e_suite_to_its_engine(monkeypatch):
+    e2e = pytest.importorskip("tilefly.bench.e2e.__main__")
+    seen = []
+    monkeypatch.setattr(e2e, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["--model", "tiny", "--suite=e2e"]) == 0 and seen == [["--model", "tiny"]]

@@ -141,12 +141,32 @@ def merge(paths: list[str], out: str, png: bool) -> int:
     return 0
 
 
+def e2e_argv(argv: list[str]) -> list[str] | None:
+    """The e2e engine's own arguments when ``argv`` asks for ``--suite e2e`` (or ``--suite=e2e``),
+    else None. The e2e suite has its own options (model, precision, concurrency:
+    tilefly/bench/e2e), so it runs alone."""
+    for i, arg in enumerate(argv):
+        if arg == "--suite=e2e":
+            return argv[:i] + argv[i + 1:]
+        if arg == "--suite" and i + 1 < len(argv) and argv[i + 1] == "e2e":
+            rest = argv[:i] + argv[i + 2:]
+            if rest and not rest[0].startswith("-"):
+                raise SystemExit(f"--suite e2e runs alone, not with {rest[0]!r} "
+                                 "(python -m tilefly bench --suite e2e --help lists its options)")
+            return rest
+    if "--suite" in argv and "e2e" in argv:   # --suite rmsnorm e2e
+        raise SystemExit("--suite e2e runs alone, not with other suites "
+                         "(python -m tilefly bench --suite e2e --help lists its options)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["--suite", "e2e"]:  # its own options (model, precision, concurrency): tilefly/bench/e2e
+    e2e = e2e_argv(argv)
+    if e2e is not None:
         from tilefly.bench.e2e.__main__ import main as e2e_main
 
-        return e2e_main(argv[2:])
+        return e2e_main(e2e)
     args = parse_args(argv)
     if args.render:
         return render(args.render, args.out, png=not args.no_plot)
