@@ -237,6 +237,35 @@ def test_gradients_through_autograd_match_aten(dtype, N, has_w):
         torch.testing.assert_close(gw, gw_a, rtol=tol, atol=tol * 10)  # a sum over 24 rows
 
 
+@pytest.mark.parametrize("shape, n, take", [
+    ((6, 4, 1025), 2, lambda t: t),                          # two normalized dims (4100 a row)
+    ((24, 4200), 1, lambda t: t[:, :4097]),                  # row slice: strided rows
+    ((3, 8, 40003), 1, lambda t: t[:, :, :40000]),           # long strided rows, leading dims
+], ids=["2-dims", "row-slice", "long-row-slice"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradients_match_aten_for_multi_dim_and_strided_inputs(dtype, shape, n, take):
+    """ATen's backward runs with tilefly's rstd: its shape (x.shape[:-n] + [1] * n) and values
+    must serve it for every normalized-dims count and row stride tilefly serves."""
+    x0 = take(rand(*shape, dtype=dtype))
+    norm = list(x0.shape[-n:])
+    w0 = rand_weight(norm, dtype)
+    grad_out = rand(*x0.shape, dtype=dtype)
+
+    def grads():
+        x = x0.detach().requires_grad_()     # keeps x0's strides: a view of the bigger tensor
+        w = w0.clone().requires_grad_()
+        y = F.rms_norm(x, norm, w, 1e-6)
+        y.backward(grad_out)
+        return y, x.grad, w.grad
+
+    y, gx, gw = served(grads)
+    y_a, gx_a, gw_a = on_aten(grads)
+    tol = TOL[dtype]
+    torch.testing.assert_close(y, y_a, rtol=tol, atol=tol)
+    torch.testing.assert_close(gx, gx_a, rtol=tol, atol=tol)
+    torch.testing.assert_close(gw, gw_a, rtol=tol, atol=tol * 10)  # a sum over the rows
+
+
 @pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8)),
                                     (4097, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)),
                                     (65536, Config("segments", 16384, 1, 4, x16=True)),
