@@ -172,6 +172,25 @@ def test_row_wise_fp8_stays_on_cublas():
     assert torch.equal(routed, stock)
 
 
+@pytest.mark.skipif(not hasattr(F, "scaled_mm"), reason="torch without F.scaled_mm")
+def test_row_wise_fp8_through_f_scaled_mm_stays_on_cublas():
+    """F.scaled_mm with RowWise scales (aten::_scaled_mm_v2, the op tilefly overrides for MX):
+    the override declines it and the result is cuBLAS's, bit for bit."""
+    a = torch.randn(64, 256, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn).t()
+    sa = torch.rand(64, 1, device="cuda") + 0.5
+    sb = torch.rand(1, 128, device="cuda") + 0.5
+
+    def call():
+        return F.scaled_mm(a, b, sa, F.ScalingType.RowWise, sb, F.ScalingType.RowWise, output_dtype=torch.bfloat16)
+
+    stock = call()
+    with tilefly.enabled(FAMILY), _dispatch.recording() as decisions:
+        routed = call()
+    assert decisions and all(d.impl is None for d in decisions), decisions
+    assert torch.equal(routed, stock)
+
+
 def test_malformed_mx_call_raises_clearly():
     a, b, sa, sb = _quantized("mxfp8", 16, 32, 256, "none")
     with tilefly.enabled(FAMILY), pytest.raises(eligibility.MXInputError, match=r"scale_b must have shape"):
