@@ -5,6 +5,9 @@ registered for "cpu", so ``torch.compile(max-autotune)`` of ``mm``/``addmm`` on 
 tensors goes through the same lowering, choice and autotuning code as on the H200;
 tilefly's wrappers then compute with ATen (their kernels need CUDA), which keeps the
 results right. The GPU run of the same flow is in test_gemm_cuda.py."""
+import functools
+import logging
+
 import pytest
 import torch
 
@@ -14,6 +17,8 @@ from torch._inductor import config as inductor_config  # noqa: E402
 
 import tilefly.ops.gemm  # noqa: E402,F401 - registers the provider
 from tilefly import _inductor  # noqa: E402
+from tilefly import config as tilefly_config  # noqa: E402
+from tilefly.ops.gemm import configs, launch  # noqa: E402
 from tilefly.ops.gemm import inductor as gemm_inductor  # noqa: E402
 
 
@@ -39,13 +44,13 @@ def offered(monkeypatch):
     torch._dynamo.reset()
 
 
-def compile_and_run(fn, *args, backends="ATEN,TILEFLY"):
+def compile_and_run(fn, *args, backends="ATEN,TILEFLY", dynamic=False):
     from torch._inductor.utils import run_and_get_code
 
     with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends=backends, force_disable_caches=True,
                                autotune_num_choices_displayed=0):
         torch._dynamo.reset()
-        out, code = run_and_get_code(torch.compile(fn, dynamic=False), *args)
+        out, code = run_and_get_code(torch.compile(fn, dynamic=dynamic), *args)
     return out, "\n".join(code)
 
 
@@ -111,3 +116,54 @@ def test_a_winning_tilefly_choice_is_what_the_generated_code_calls(offered, monk
     out, code = compile_and_run(lambda x, w, b: torch.relu(x @ w) + torch.addmm(b, x, w), x, w, bias)
     assert "extern_kernels.tilefly_mm_" in code and "extern_kernels.tilefly_addmm_" in code
     torch.testing.assert_close(out, torch.relu(x @ w) + torch.addmm(bias, x, w))
+
+
+def test_a_config_that_does_not_compile_is_dropped_with_a_debug_log(offered, monkeypatch, caplog):
+    """_compiles (GPU only) drops a config whose ahead-of-time compile fails and keeps the rest."""
+    a, b = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(512, 384, dtype=torch.bfloat16)
+    broken = configs.offered(256, 384, 512)[0]
+
+    def warm(cfg, *args):
+        if cfg == broken:
+            raise RuntimeError("ptxas ran out of registers")
+
+    real_compiles = gemm_inductor.GemmProvider._compiles
+
+    def compiles(self, *args):  # a GPU for _compiles only: Inductor itself must keep seeing none
+        with monkeypatch.context() as gpu:
+            gpu.setattr(torch.cuda, "is_available", lambda: True)
+            return real_compiles(self, *args)
+
+    monkeypatch.setattr(gemm_inductor.GemmProvider, "_compiles", compiles)
+    monkeypatch.setattr(launch, "warm", warm)
+    monkeypatch.setattr(gemm_inductor.PROVIDER, "_compiled", {})  # no verdicts cached by earlier tests
+    with caplog.at_level(logging.DEBUG, logger="tilefly.gemm"):
+        compile_and_run(lambda x, y: x @ y, a, b)
+    expected = [gemm_inductor.choice_name("mm", cfg) for cfg in configs.offered(256, 384, 512) if cfg != broken]
+    assert tilefly_names(offered["mm"]) == expected
+    assert [r.levelno for r in caplog.records
+            if f" {broken.name} " in r.getMessage() and "dropped" in r.getMessage()] == [logging.DEBUG]
+
+
+def test_exhaustive_autotune_offers_the_exhaustive_configs(offered, monkeypatch):
+    """gemm_autotune="exhaustive" offers every config configs.offered(..., "exhaustive") picks, not DEFAULT."""
+    from torch._inductor.runtime.benchmarking import benchmarker
+
+    # ~200 choices: time each with one call instead of 120 ms of CPU benchmarking
+    monkeypatch.setattr(benchmarker, "benchmark_cpu", functools.partial(benchmarker.benchmark_cpu, warmup=0, rep=0))
+    x, w = torch.randn(16, 256, dtype=torch.bfloat16), torch.randn(128, 256, dtype=torch.bfloat16)
+    tilefly_config.gemm_autotune = "exhaustive"
+    compile_and_run(lambda x, w: x @ w.t(), x, w)
+    picked = configs.offered(16, 128, 256, "exhaustive")
+    assert len(picked) > len(configs.offered(16, 128, 256))
+    assert tilefly_names(offered["mm"]) == [gemm_inductor.choice_name("mm", cfg) for cfg in picked]
+
+
+def test_dynamic_shapes_get_no_candidates(offered, caplog):
+    """Symbolic sizes fail the static-shape predicate: ATen is offered, tilefly is not."""
+    a, b = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(512, 384, dtype=torch.bfloat16)
+    with caplog.at_level(logging.DEBUG, logger="tilefly.gemm"):
+        out, _ = compile_and_run(lambda x, y: x @ y, a, b, dynamic=True)
+    assert "mm" in offered["mm"] and tilefly_names(offered["mm"]) == []
+    assert "dynamic (symbolic) shape" in caplog.text
+    torch.testing.assert_close(out, a @ b)

@@ -4,6 +4,8 @@ The device check is told the CPU is a Hopper GPU, so ``torch.compile(max-autotun
 ``torch._grouped_mm`` on CPU tensors runs the same lowering, preprocessing function and
 autotuning as on the H200; tilefly's wrappers then compute with ATen (the kernel needs
 CUDA), which keeps results right. The GPU run of the same flow is in test_grouped_cuda.py."""
+import logging
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from torch._inductor import select_algorithm  # noqa: E402
 import tilefly.ops.grouped_gemm  # noqa: E402,F401 - registers the provider
 from tilefly import _inductor  # noqa: E402
 from tilefly import config as tilefly_config  # noqa: E402
+from tilefly.ops.grouped_gemm import configs, launch  # noqa: E402
 from tilefly.ops.grouped_gemm import inductor as grouped_inductor  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -63,13 +66,13 @@ def spy(monkeypatch):
     torch._dynamo.reset()
 
 
-def compile_and_run(fn, *args, backends="ATEN,TILEFLY"):
+def compile_and_run(fn, *args, backends="ATEN,TILEFLY", dynamic=False):
     from torch._inductor.utils import run_and_get_code
 
     with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends=backends, force_disable_caches=True,
                                autotune_num_choices_displayed=0):
         torch._dynamo.reset()
-        out, code = run_and_get_code(torch.compile(fn, dynamic=False), *args)
+        out, code = run_and_get_code(torch.compile(fn, dynamic=dynamic), *args)
     return out, "\n".join(code)
 
 
@@ -137,3 +140,42 @@ def test_ineligible_call_sites_get_no_candidates(spy):
     out, code = compile_and_run(lambda a, b, o: torch._grouped_mm(a, b, offs=o), a, b, offs)
     assert not any(spy.added) and "tilefly" not in code
     torch.testing.assert_close(out, torch._grouped_mm(a, b, offs=offs))
+
+
+def test_a_config_that_does_not_compile_is_dropped_with_a_debug_log(spy, monkeypatch, caplog):
+    """_compiles (GPU only) drops a config whose ahead-of-time compile fails and keeps the rest."""
+    a, w, offs = operands(rows=(128, 128), n=128, k=64)
+    picked = configs.offered(256, 2, 128, 64, True)
+    broken = picked[0]
+
+    def warm(cfg, *args):
+        if cfg == broken:
+            raise RuntimeError("ptxas ran out of registers")
+
+    real_compiles = grouped_inductor.GroupedProvider._compiles
+
+    def compiles(self, *args):  # a GPU for _compiles only: Inductor itself must keep seeing none
+        with monkeypatch.context() as gpu:
+            gpu.setattr(torch.cuda, "is_available", lambda: True)
+            return real_compiles(self, *args)
+
+    monkeypatch.setattr(grouped_inductor.GroupedProvider, "_compiles", compiles)
+    monkeypatch.setattr(launch, "warm", warm)
+    monkeypatch.setattr(grouped_inductor.PROVIDER, "_compiled", {})  # no verdicts cached by earlier tests
+    with caplog.at_level(logging.DEBUG, logger="tilefly.grouped_gemm"):
+        out, _ = compile_and_run(moe, a, w, offs)
+    added = [n for names in spy.added for n in names]
+    assert added == [grouped_inductor.choice_name(cfg) for cfg in picked if cfg != broken]
+    assert [r.levelno for r in caplog.records
+            if f" {broken.name} " in r.getMessage() and "dropped" in r.getMessage()] == [logging.DEBUG]
+    check(out, a, w, offs)
+
+
+def test_dynamic_shapes_get_no_candidates(spy, caplog):
+    """Symbolic sizes fail the static-shape predicate: the call site is seen, tilefly adds nothing."""
+    a, w, offs = operands(n=128)  # unpadded output rows: no C++ copy kernel to build
+    with caplog.at_level(logging.DEBUG, logger="tilefly.grouped_gemm"):
+        out, code = compile_and_run(moe, a, w, offs, dynamic=True)
+    assert spy.added and not any(spy.added) and "tilefly" not in code
+    assert "dynamic (symbolic) shape" in caplog.text
+    check(out, a, w, offs)
