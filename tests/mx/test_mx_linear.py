@@ -90,7 +90,7 @@ def test_scaled_mm_backend_on_cpu_raises_clear_error(fmt, swizzle):
     assert m(torch.randn(3, K, dtype=torch.bfloat16)).shape == (3, N)
 
 
-def _fake_scaled_mm(calls, fmt, swizzle):
+def _fake_scaled_mm(calls, fmt, swizzle, K=K, N=N):
     """Stands in for an MX F.scaled_mm: checks the operands are what the API needs, then computes
     the result from the dequantized operands in float64."""
     def scaled_mm(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, swizzle_a=None, swizzle_b=None,
@@ -131,6 +131,50 @@ def test_scaled_mm_backend_passes_the_operands_f_scaled_mm_expects(monkeypatch, 
     _assert_close_to(out, _reference(m, x))
     m.backend = "dequant"  # both backends compute the same thing
     _assert_close_to(m(x), out.double())
+
+
+@pytest.mark.skipif(not hasattr(F, "scaled_mm"), reason="torch without F.scaled_mm")
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle", mx.SWIZZLES)
+def test_scaled_mm_backend_compiles_without_graph_breaks(monkeypatch, fmt, swizzle):
+    """Compiled, the layer reaches F.scaled_mm through tilefly::mx_linear_mm: one graph for both
+    scale layouts and K > 128, where tracing F.scaled_mm itself fails (torch 2.13's meta function:
+    NO_SWIZZLE scales, MXFP4 scales counted from K / 2) or breaks the graph (torch 2.11); at run
+    time the op makes the same F.scaled_mm call as eager mode."""
+    k = 256
+    calls = []
+    monkeypatch.setattr(F, "scaled_mm", _fake_scaled_mm(calls, fmt, swizzle, K=k))
+    m = mx.MXLinear.from_linear(_linear(k=k), fmt, swizzle=swizzle)
+    x = torch.randn(2, 5, k, dtype=torch.bfloat16)
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(m, fullgraph=True, backend=recording)(x)
+    targets = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert torch.ops.tilefly.mx_linear_mm.default in targets      # opaque: F.scaled_mm is not traced
+    assert len(calls) == 1 and calls[0][1] == torch.bfloat16      # ... and runs inside the op
+    torch.testing.assert_close(out, m(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(m, fullgraph=True)(x), out, rtol=0, atol=0)   # Inductor
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle", mx.SWIZZLES)
+def test_compiled_scaled_mm_backend_on_cpu_traces_then_raises_the_clear_error(fmt, swizzle):
+    """The real F.scaled_mm: tracing needs no ATen meta function (which refuses NO_SWIZZLE MX
+    scales and MXFP4 at K > 128 on torch 2.13); at run time ATen's missing CPU kernel is reported
+    as MXKernelUnavailable, as in eager mode."""
+    k = 256
+    torch._dynamo.reset()
+    m = mx.MXLinear.from_linear(_linear(k=k), fmt, swizzle=swizzle)
+    with pytest.raises(mx.MXKernelUnavailable, match="backend='dequant'"):
+        torch.compile(m, fullgraph=True)(torch.randn(3, k, dtype=torch.bfloat16))
+    torch._dynamo.reset()
 
 
 def test_legacy_scaled_mm_fallback(monkeypatch):

@@ -14,10 +14,14 @@ a built module (``m.backend = ...``) so an A/B run compares the same weights:
 - ``"dequant"``: the stock Hopper path, dequantize both operands to the module's dtype, then
   ``torch.mm`` (``torch.addmm`` with a bias).
 
-The default scale layout is ``"32_4_4"``: the only one ATen's CUDA ``F.scaled_mm`` (and its meta
-function, which compiled graphs run) accepts for MX; tilefly's MX GEMM is to take both. Known
-snag (torch 2.13): that meta function counts MXFP4 scales from the packed K / 2, so a compiled
-graph rejects correct MXFP4 scales once K > 128; eager calls are not affected.
+The default scale layout is ``"32_4_4"``: the only one ATen's CUDA ``F.scaled_mm`` accepts for MX;
+tilefly's MX GEMM takes both. Under ``torch.compile`` the module calls ``F.scaled_mm`` through a
+custom op of its own, ``tilefly::mx_linear_mm`` (uint8 bits in, the output's shape from its fake
+implementation), because tracing ``F.scaled_mm`` itself fails both ways: torch 2.11's Dynamo does
+not trace ``aten::_scaled_mm_v2`` (a graph break at every MX layer, so a decode step is no longer
+one CUDA graph), and torch 2.13's meta function rejects NO_SWIZZLE MX scales and counts MXFP4
+scales from the packed K / 2 (so K > 128 fails). The op runs the same eager call at run time, where
+tilefly's override serves it.
 
 Inference only: quantization passes no gradient.
 
@@ -55,6 +59,37 @@ def _device_name(t: torch.Tensor) -> str:
         return str(t.device)
     major, minor = torch.cuda.get_device_capability(t.device)
     return f"{t.device} ({torch.cuda.get_device_name(t.device)}, sm_{major}{minor})"
+
+
+def _mx_mm(a_bits: torch.Tensor, w_bits: torch.Tensor, a_scale_bits: torch.Tensor, w_scale_bits: torch.Tensor,
+           fmt: str, swizzle: str, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ w.t()`` (+ bias) through F.scaled_mm, from the operands' uint8 bits: a (M, K or K / 2
+    bytes), w (N, K or K / 2), scales (M, K / 32) (blocked when swizzled) and the weight's in its
+    layout. Errors F.scaled_mm raises (no MX kernel here) come back as MXKernelUnavailable."""
+    dtype = formats.ELEMENTS[fmt].dtype
+    args = (a_bits.view(dtype), w_bits.view(dtype).t(), a_scale_bits.view(torch.float8_e8m0fnu),
+            w_scale_bits.view(torch.float8_e8m0fnu), swizzle, bias, out_dtype)
+    try:
+        return _scaled_mm(*args)
+    except (RuntimeError, NotImplementedError, ValueError) as err:
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        raise MXKernelUnavailable(
+            f"MXLinear(backend='scaled_mm'): F.scaled_mm found no {fmt.upper()} kernel for these inputs on "
+            f"{_device_name(a_bits)} ({type(err).__name__}: {first_line}). ATen has no MX GEMM on CPU or on "
+            f"Hopper (sm_90); on Hopper, tilefly.enable() serves MX F.scaled_mm. To run the stock path instead, "
+            f"set backend='dequant' (dequantize both operands to {out_dtype}, then torch.mm).") from err
+
+
+# What compiled graphs call (module docstring): the eager call behind an opaque op whose output
+# shape comes from the fake below, not from ATen's meta function.
+_MX_MM_SCHEMA = ("(Tensor a_bits, Tensor w_bits, Tensor a_scale_bits, Tensor w_scale_bits, str fmt, str swizzle, "
+                 "Tensor? bias, ScalarType out_dtype) -> Tensor")
+mx_linear_mm = torch.library.custom_op("tilefly::mx_linear_mm", _mx_mm, mutates_args=(), schema=_MX_MM_SCHEMA)
+
+
+@mx_linear_mm.register_fake
+def _mx_mm_fake(a_bits, w_bits, a_scale_bits, w_scale_bits, fmt, swizzle, bias, out_dtype):
+    return a_bits.new_empty((a_bits.shape[0], w_bits.shape[0]), dtype=out_dtype)
 
 
 def _scaled_mm(a, b, scale_a, scale_b, swizzle: str, bias, out_dtype) -> torch.Tensor:
@@ -168,22 +203,13 @@ class MXLinear(nn.Module):
         if self.swizzle != "32_4_4" and not hasattr(F, "scaled_mm"):
             raise ValueError(f"torch {torch.__version__} has no F.scaled_mm, and the legacy torch._scaled_mm takes "
                              f"MX scales only in the SWIZZLE_32_4_4 layout: build MXLinear with swizzle='32_4_4'")
-        dtype = formats.ELEMENTS[self.fmt].dtype
         if self.swizzle == "32_4_4":
             a_scale_bits = to_blocked(a_scale_bits)
-        args = (a_data.view(dtype), self.weight_bits.view(dtype).t(), a_scale_bits.view(torch.float8_e8m0fnu),
-                self.weight_scale_bits.view(torch.float8_e8m0fnu), self.swizzle, self.bias, self.dtype)
+        args = (a_data.view(torch.uint8), self.weight_bits, a_scale_bits, self.weight_scale_bits, self.fmt,
+                self.swizzle, self.bias, self.dtype)
         if torch.compiler.is_compiling():
-            return _scaled_mm(*args)  # no try/except in a traced graph; the error surfaces as ATen's
-        try:
-            return _scaled_mm(*args)
-        except (RuntimeError, NotImplementedError, ValueError) as err:
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            raise MXKernelUnavailable(
-                f"MXLinear(backend='scaled_mm'): F.scaled_mm found no {self.fmt.upper()} kernel for these inputs on "
-                f"{_device_name(a_data)} ({type(err).__name__}: {first_line}). ATen has no MX GEMM on CPU or on "
-                f"Hopper (sm_90); on Hopper, tilefly.enable() serves MX F.scaled_mm. To run the stock path instead, "
-                f"set backend='dequant' (dequantize both operands to {self.dtype}, then torch.mm).") from err
+            return mx_linear_mm(*args)
+        return _mx_mm(*args)
 
 
 def _skipped(name: str, skip) -> bool:
