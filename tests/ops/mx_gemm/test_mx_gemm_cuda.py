@@ -65,6 +65,16 @@ def test_matches_float64_reference(fmt, swizzle, m, n, k):
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("swizzle", mx.SWIZZLES)
+@pytest.mark.parametrize("m, n, k", [(16, 14336, 4096), (33, 4096, 14336), (4096, 14336, 256), (1, 256, 14336)])
+def test_matches_float64_reference_at_14336(fmt, swizzle, m, n, k):
+    """The issue's N and K of 14336 (an MoE or MLP width), each side, skinny and wide."""
+    a, b, sa, sb = _quantized(fmt, m, n, k, swizzle, seed=m + n + k)
+    out = _served(lambda: _scaled_mm(a, b, sa, sb, swizzle))
+    _check(out, _reference(a, b, sa, sb, fmt, swizzle), torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle", mx.SWIZZLES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("m, n, k", [(33, 256, 4096), (128, 4096, 256), (16, 4096, 4096), (4096, 32, 256)])
 def test_output_dtypes_and_bias(fmt, swizzle, dtype, m, n, k):
