@@ -178,16 +178,22 @@ def offered(m: int, n: int, k: int, search: str = "default") -> list[GemmConfig]
 # the last program's reduction. A guess to be refit from an H200 sweep (sweep.py).
 SPLIT_OVERHEAD_STEPS = 2
 SMEM_PER_SM = 233472         # bytes all resident blocks of an SM share (228 KB)
-MAX_RESIDENT = 3             # splitk programs an SM is assumed to run at once, at most
+REGS_PER_SM = 65536
+MAX_RESIDENT = 3             # split-K programs an SM is assumed to run at once, at most
 REGS_PER_THREAD = 168        # a guess at ptxas's count, only used to bound residency
 
 
+def programs_per_sm(smem_bytes: int, num_warps: int, regs_per_thread: int) -> int:
+    """Programs one SM runs at once, as shared memory and registers allow (at least 1, at most
+    MAX_RESIDENT): the slot count split-K choices plan with (this module's and the MX GEMM's)."""
+    by_regs = REGS_PER_SM // (32 * num_warps * regs_per_thread)
+    return max(1, min(MAX_RESIDENT, SMEM_PER_SM // smem_bytes, by_regs))
+
+
 def resident(cfg: GemmConfig) -> int:
-    """splitk programs of ``cfg`` one SM runs at once, as shared memory and registers allow:
-    1 for every shipped config (each fills most of the shared memory with its ring), more for
-    the exhaustive list's shallow rings."""
-    by_regs = 65536 // (32 * cfg.num_warps * REGS_PER_THREAD)
-    return max(1, min(MAX_RESIDENT, SMEM_PER_SM // cfg.smem_bytes(), by_regs))
+    """splitk programs of ``cfg`` one SM runs at once: 1 for every shipped config (each fills
+    most of the shared memory with its ring), more for the exhaustive list's shallow rings."""
+    return programs_per_sm(cfg.smem_bytes(), cfg.num_warps, REGS_PER_THREAD)
 
 
 def choose_splits(cfg: GemmConfig, tiles: int, k_iters: int, num_sms: int) -> int:

@@ -18,14 +18,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from tilefly.ops.gemm.configs import SMEM_PER_SM, programs_per_sm  # noqa: F401 - SMEM_PER_SM: shared budget
+
 SMEM_LIMIT = 232448          # bytes one block may use on sm_90
-SMEM_PER_SM = 233472         # bytes all resident blocks of an SM share (228 KB)
 SMEM_RESERVE = 1024          # barriers
 # Operand bytes in flight per program. Each K-block is MMA, then scaling, in one program; a
 # ring of ~48 KB leaves room for 3-4 programs an SM, whose MMA and scaling interleave.
 RING_TARGET = 48 * 1024
-MAX_RESIDENT = 3             # programs an SM is assumed to run at once
-REGS_PER_SM = 65536
 # Registers a thread, about what ptxas gives the kernel (sm_90a, triton 3.6: 54-232 over the
 # shipped configs, ~170 for the 4-warp skinny ones); only used to guess residency.
 REGS_PER_THREAD = 168
@@ -110,8 +109,7 @@ def resident(cfg: MXConfig, fmt: str) -> int:
     regs = REGS_PER_THREAD
     if cfg.kernel == 2:
         regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
-    by_regs = REGS_PER_SM // (32 * cfg.num_warps * regs)
-    return max(1, min(MAX_RESIDENT, SMEM_PER_SM // cfg.smem_bytes(fmt), by_regs))
+    return programs_per_sm(cfg.smem_bytes(fmt), cfg.num_warps, regs)
 
 
 def small_slot(small: int) -> int:
