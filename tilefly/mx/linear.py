@@ -63,8 +63,8 @@ def _device_name(t: torch.Tensor) -> str:
 
 def _mx_mm(a_bits: torch.Tensor, w_bits: torch.Tensor, a_scale_bits: torch.Tensor, w_scale_bits: torch.Tensor,
            fmt: str, swizzle: str, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ w.t()`` (+ bias) through F.scaled_mm, from the operands' uint8 bits: a (M, K or K / 2
-    bytes), w (N, K or K / 2), scales (M, K / 32) (blocked when swizzled) and the weight's in its
+    """``a @ w.t()`` (+ bias) through F.scaled_mm, from the operands' bits (uint8 or already typed):
+    a (M, K or K / 2 bytes), w (N, K or K / 2), scales (M, K / 32) (blocked when swizzled) and the weight's in its
     layout. Errors F.scaled_mm raises (no MX kernel here) come back as MXKernelUnavailable."""
     dtype = formats.ELEMENTS[fmt].dtype
     args = (a_bits.view(dtype), w_bits.view(dtype).t(), a_scale_bits.view(torch.float8_e8m0fnu),
@@ -205,11 +205,11 @@ class MXLinear(nn.Module):
                              f"MX scales only in the SWIZZLE_32_4_4 layout: build MXLinear with swizzle='32_4_4'")
         if self.swizzle == "32_4_4":
             a_scale_bits = to_blocked(a_scale_bits)
-        args = (a_data.view(torch.uint8), self.weight_bits, a_scale_bits, self.weight_scale_bits, self.fmt,
-                self.swizzle, self.bias, self.dtype)
+        args = (self.weight_bits, a_scale_bits, self.weight_scale_bits, self.fmt, self.swizzle, self.bias,
+                self.dtype)
         if torch.compiler.is_compiling():
-            return mx_linear_mm(*args)
-        return _mx_mm(*args)
+            return mx_linear_mm(a_data.view(torch.uint8), *args)   # the op takes uint8 bits (schema)
+        return _mx_mm(a_data, *args)
 
 
 def _skipped(name: str, skip) -> bool:

@@ -118,25 +118,12 @@ def test_a_winning_tilefly_choice_is_what_the_generated_code_calls(offered, monk
     torch.testing.assert_close(out, torch.relu(x @ w) + torch.addmm(bias, x, w))
 
 
-def test_a_config_that_does_not_compile_is_dropped_with_a_debug_log(offered, monkeypatch, caplog):
+def test_a_config_that_does_not_compile_is_dropped_with_a_debug_log(offered, failing_compile, caplog):
     """_compiles (GPU only) drops a config whose ahead-of-time compile fails and keeps the rest."""
     a, b = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(512, 384, dtype=torch.bfloat16)
     broken = configs.offered(256, 384, 512)[0]
 
-    def warm(cfg, *args):
-        if cfg == broken:
-            raise RuntimeError("ptxas ran out of registers")
-
-    real_compiles = gemm_inductor.GemmProvider._compiles
-
-    def compiles(self, *args):  # a GPU for _compiles only: Inductor itself must keep seeing none
-        with monkeypatch.context() as gpu:
-            gpu.setattr(torch.cuda, "is_available", lambda: True)
-            return real_compiles(self, *args)
-
-    monkeypatch.setattr(gemm_inductor.GemmProvider, "_compiles", compiles)
-    monkeypatch.setattr(launch, "warm", warm)
-    monkeypatch.setattr(gemm_inductor.PROVIDER, "_compiled", {})  # no verdicts cached by earlier tests
+    failing_compile(gemm_inductor.PROVIDER, launch, broken)
     with caplog.at_level(logging.DEBUG, logger="tilefly.gemm"):
         compile_and_run(lambda x, y: x @ y, a, b)
     expected = [gemm_inductor.choice_name("mm", cfg) for cfg in configs.offered(256, 384, 512) if cfg != broken]

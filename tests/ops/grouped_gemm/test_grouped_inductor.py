@@ -142,26 +142,13 @@ def test_ineligible_call_sites_get_no_candidates(spy):
     torch.testing.assert_close(out, torch._grouped_mm(a, b, offs=offs))
 
 
-def test_a_config_that_does_not_compile_is_dropped_with_a_debug_log(spy, monkeypatch, caplog):
+def test_a_config_that_does_not_compile_is_dropped_with_a_debug_log(spy, failing_compile, caplog):
     """_compiles (GPU only) drops a config whose ahead-of-time compile fails and keeps the rest."""
     a, w, offs = operands(rows=(128, 128), n=128, k=64)
     picked = configs.offered(256, 2, 128, 64, True)
     broken = picked[0]
 
-    def warm(cfg, *args):
-        if cfg == broken:
-            raise RuntimeError("ptxas ran out of registers")
-
-    real_compiles = grouped_inductor.GroupedProvider._compiles
-
-    def compiles(self, *args):  # a GPU for _compiles only: Inductor itself must keep seeing none
-        with monkeypatch.context() as gpu:
-            gpu.setattr(torch.cuda, "is_available", lambda: True)
-            return real_compiles(self, *args)
-
-    monkeypatch.setattr(grouped_inductor.GroupedProvider, "_compiles", compiles)
-    monkeypatch.setattr(launch, "warm", warm)
-    monkeypatch.setattr(grouped_inductor.PROVIDER, "_compiled", {})  # no verdicts cached by earlier tests
+    failing_compile(grouped_inductor.PROVIDER, launch, broken)
     with caplog.at_level(logging.DEBUG, logger="tilefly.grouped_gemm"):
         out, _ = compile_and_run(moe, a, w, offs)
     added = [n for names in spy.added for n in names]
