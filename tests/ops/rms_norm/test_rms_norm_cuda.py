@@ -48,6 +48,18 @@ def reference(x, n, w, eps):
     return (y * w.double() if w is not None else y), rstd
 
 
+def check_config(x, w, cfg, y_ref, rstd_ref):
+    """Launch ``cfg`` on 2-D ``x`` into NaN-poisoned outputs and compare with the float64
+    reference; returns the launcher's Entry."""
+    y = torch.full_like(x, float("nan"))
+    rstd = torch.full((x.shape[0], 1), float("nan"), device="cuda")
+    entry = launcher.launch(x, w, y, rstd, 1e-6, cfg)
+    tol = TOL[x.dtype]
+    torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol, msg=str(cfg))
+    torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
+    return entry
+
+
 def on_aten(fn, *args):
     """Run fn with tilefly off (ATen's kernel), then restore the families that were on."""
     before = tilefly.enabled_ops()
@@ -432,11 +444,7 @@ def test_every_sweep_candidate_is_correct(dtype, N):
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     layout = configs.row_layout(N, N, True, x.element_size())
     for cfg in configs.candidates(N, x.element_size(), layout):
-        y = torch.full_like(x, float("nan"))
-        rstd = torch.full((19, 1), float("nan"), device="cuda")
-        launcher.launch(x, w, y, rstd, 1e-6, cfg)
-        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
-        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
+        check_config(x, w, cfg, y_ref, rstd_ref)
 
 
 @pytest.mark.parametrize("dtype, N", [(torch.float16, 65536), (torch.float16, 114688), (torch.bfloat16, 262144)])
@@ -450,11 +458,7 @@ def test_every_x16_segments_candidate_is_correct(dtype, N):
     candidates = configs._x16_segments(N, x.element_size(), layout)
     assert candidates
     for cfg in candidates:
-        y = torch.full_like(x, float("nan"))
-        rstd = torch.full((M, 1), float("nan"), device="cuda")
-        launcher.launch(x, w, y, rstd, 1e-6, cfg)
-        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
-        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))
+        check_config(x, w, cfg, y_ref, rstd_ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
@@ -507,12 +511,7 @@ def test_segments_keeping_16_bit_x(dtype, cfg):
     M, N = 300, 114688
     x = rand(M, N, dtype=dtype)
     w = rand_weight(N, dtype)
-    y = torch.full_like(x, float("nan"))
-    rstd = torch.full((M, 1), float("nan"), device="cuda")
-    launcher.launch(x, w, y, rstd, 1e-6, cfg)
-    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
-    torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
-    torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype])
+    check_config(x, w, cfg, *reference(x, 1, w, 1e-6))
 
 
 @pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.float32, 16384),
@@ -528,9 +527,5 @@ def test_persistent_rows_loop_over_many_tiles(dtype, N):
     candidates = configs.new_candidates(N, x.element_size(), layout)
     assert candidates and all(c.persistent for c in candidates)
     for cfg in candidates:
-        y = torch.full_like(x, float("nan"))
-        rstd = torch.full((M, 1), float("nan"), device="cuda")
-        entry = launcher.launch_rows(x, w, y, rstd, M, N, N, 1e-6, cfg)
+        entry = check_config(x, w, cfg, y_ref, rstd_ref)
         assert entry is None or entry.grid(M) < -(-M // cfg.rows)     # fewer programs than tiles
-        torch.testing.assert_close(y.double(), y_ref, rtol=TOL[dtype], atol=TOL[dtype], msg=str(cfg))
-        torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0, msg=str(cfg))

@@ -56,15 +56,17 @@ _hooks = None           # triton.knobs.runtime.launch_enter_hook once Triton is 
 DIRECT_C_LAUNCH = True
 
 
-def launch(x: torch.Tensor, weight, y: torch.Tensor, rstd: torch.Tensor, eps, config=None) -> None:
+def launch(x: torch.Tensor, weight, y: torch.Tensor, rstd: torch.Tensor, eps, config=None):
     """Normalize the rows of a 2-D ``x`` ([M, N], unit column stride) into contiguous ``y`` and
-    ``rstd`` (M floats). ``config`` overrides the heuristic (sweep.py, tests)."""
+    ``rstd`` (M floats). ``config`` overrides the heuristic (sweep.py, tests). Returns
+    ``launch_rows``'s Entry (None for no rows or a launch through the JIT)."""
     M, N = x.shape
     if x.stride(1) != 1 and N > 1:
         raise ValueError("launch: x needs unit column stride")
-    if M:
-        launch_rows(x, weight, y, rstd, M, N, x.stride(0) if M > 1 else N,
-                    FLOAT32_EPS if eps is None else eps, config)
+    if not M:
+        return None
+    return launch_rows(x, weight, y, rstd, M, N, x.stride(0) if M > 1 else N,
+                       FLOAT32_EPS if eps is None else eps, config)
 
 
 def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
