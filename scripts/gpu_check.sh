@@ -4,7 +4,7 @@
 #
 #   COMMIT=<sha> scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
 #                                     [--run "SHELL COMMAND"] [--no-tests] [--step-limit SECONDS]
-#                                     [--jobs N] [--rounds N]
+#                                     [--jobs N] [--rounds N] [--no-install]
 #
 # The device's copy of the tree has no .git: pass the commit being measured in
 # COMMIT so the benchmark JSON records it. Example (the first call of a session):
@@ -22,6 +22,8 @@
 # has pytest-xdist): the GPU tests are bound by Gluon/Triton compiles on the
 # CPU, so eight workers cut the whole suite to a fraction of its serial time.
 # --rounds N times each case's providers in turn, N rounds (python -m tilefly bench --rounds).
+# --no-install skips the editable install: for a second instance started beside a first one that
+# installs (e.g. one per GPU on a two-GPU machine, CUDA_VISIBLE_DEVICES and OUT set apart).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 WORK=$(mktemp -d)
@@ -29,7 +31,7 @@ mkdir -p "$OUT" "$WORK/bench"
 export WORK  # --run commands write their files under $WORK
 export PYTHONUNBUFFERED=1
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1; ROUNDS=1
+TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1; ROUNDS=1; INSTALL=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS="$2"; shift 2 ;;
@@ -40,6 +42,7 @@ while [ $# -gt 0 ]; do
     --step-limit) STEP_LIMIT="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
+    --no-install) INSTALL=0; shift ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -48,8 +51,10 @@ say() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 pack() { cp "$LOG" "$WORK/"; tar czf "$OUT/results.tgz.part" -C "$WORK" . 2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
 step() { timeout --kill-after=10 "$STEP_LIMIT" "$@"; local rc=$?; [ $rc -eq 124 ] && echo "(step stopped after ${STEP_LIMIT} s)" | tee -a "$LOG"; return $rc; }
 
-say "install"
-python3 -m pip install -e . --no-deps --no-build-isolation -q >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log" | tee -a "$LOG"; exit 1; }
+if [ "$INSTALL" = 1 ]; then
+  say "install"
+  python3 -m pip install -e . --no-deps --no-build-isolation -q >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log" | tee -a "$LOG"; exit 1; }
+fi
 python3 -m tilefly doctor 2>&1 | tee "$WORK/doctor.txt" | head -12 | tee -a "$LOG"
 python3 scripts/router_overhead.py --ops --json "$WORK/router_overhead.json" 2>&1 | tee -a "$LOG"
 pack

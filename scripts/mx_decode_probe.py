@@ -1,0 +1,160 @@
+"""MX GEMM on decode shapes (issue 6): every MX config and K-split count against BF16 ``torch.mm``.
+
+The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where BF16 ``mm`` took
+16 (b2c9824), though MXFP8 weights are half the bytes. This script says where that time goes:
+
+- per shape, BF16 ``torch.mm`` on the same shape (events, L2 flushed, as the suite times it);
+- per MX config (v1 and v2 builds, 64 and 128 rows, ring depths) and forced K-split count, the
+  same timing, and the weight bandwidth it reaches;
+- the host cost of one eager ``F.scaled_mm`` call (back to back, L2 warm: the wall time per
+  call when the host is slower than the GPU) against ``torch.mm``'s.
+
+    python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--profile]
+
+``--profile`` then runs each shape's auto-picked and fastest builds once more between
+``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+import torch
+
+SHAPES = ["8x4096x4096", "32x4096x4096", "32x14336x4096", "32x4096x14336"]
+SPLITS = (None, 1, 2, 4, 8, 16, 32)
+
+
+def operands(m: int, n: int, k: int, fmt: str):
+    from tilefly.bench import mx_operands
+
+    a = mx_operands.quantize(torch.randn(m, k, device="cuda"), fmt)
+    b = mx_operands.quantize(torch.randn(n, k, device="cuda"), fmt)
+    return a, b
+
+
+def variants(rows: int, cols: int, k: int, fmt: str):
+    from tilefly.ops.mx_gemm import configs
+
+    base = configs.offered(rows, cols, k, fmt)
+    more = []
+    for cfg in (c for c in base if c.kernel == 2):
+        for stages in (4, 8):
+            alt = replace(cfg, stages=stages, max_splits=32)
+            if alt not in base and alt not in more and configs.static_reason(alt, fmt) is None:
+                more.append(alt)
+    return [replace(c, max_splits=32) for c in base], more
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fmt", default="mxfp8,mxfp4")
+    ap.add_argument("--shape", action="append")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    import tilefly
+    from tilefly.bench.timing import QUICK, measure
+    from tilefly.ops.mx_gemm import configs, eligibility, launch
+
+    tilefly.enable()
+    chosen_splits: list[int] = []
+    real_choose = launch.choose_splits
+    forced: list[int | None] = [None]
+
+    def choose(cfg, tiles, k_steps, slots):
+        s = real_choose(cfg, tiles, k_steps, slots) if forced[0] is None else min(forced[0], k_steps)
+        chosen_splits.append(s)
+        return s
+
+    launch.choose_splits = choose
+    profile: list = []
+    for fmt in args.fmt.split(","):
+        for shape in args.shape or SHAPES:
+            m, n, k = (int(v) for v in shape.split("x"))
+            a, b = operands(m, n, k, fmt)
+            ref = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda",
+                                                                                     dtype=torch.bfloat16)
+            bf16_us = measure(lambda: torch.mm(ref[0], ref[1].t()), QUICK).median_us
+            w_bytes = b.nbytes
+            p = eligibility.parse(a.data, b.data.t(), a.scale, b.scale, False, False)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            rows, cols = max(m, n), min(m, n)
+            picked = configs.pick(rows, cols, k, fmt)
+            print(f"\n{fmt} {shape}: bf16 mm {bf16_us:.1f} us ({n * k * 2 / bf16_us / 1e6:.2f} TB/s); "
+                  f"MX weight {w_bytes / 1e6:.1f} MB; pick {picked.name}", flush=True)
+            base, more = variants(rows, cols, k, fmt)
+            best = None
+            for cfg in base + more:
+                for splits in SPLITS:
+                    forced[0] = splits
+                    launch._plans.clear()
+                    chosen_splits.clear()
+                    try:
+                        fn = (lambda cfg=cfg: launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=cfg))
+                        fn()
+                        torch.cuda.synchronize()
+                        us = measure(fn, QUICK).median_us
+                    except Exception as exc:  # noqa: BLE001 - report and go on
+                        print(f"  {cfg.name} splits={splits}: {type(exc).__name__}: {str(exc)[:120]}")
+                        continue
+                    s = chosen_splits[-1] if chosen_splits else "?"
+                    tag = "auto" if splits is None else "    "
+                    print(f"  {us:7.1f} us  {w_bytes / us / 1e6:5.2f} TB/s  x bf16 {bf16_us / us:4.2f}  "
+                          f"{cfg.name:<24} splits={s} {tag}", flush=True)
+                    if best is None or us < best[0]:
+                        best = (us, cfg, splits)
+                    if splits is not None and splits >= k // cfg.block_k:
+                        break
+            forced[0] = None
+            print(f"  best {best[0]:.1f} us {best[1].name} splits={best[2]}")
+            # host cost per eager call: back to back, L2 warm
+            x = (a.data, b.data.t(), a.scale, b.scale)
+            import torch.nn.functional as F
+
+            def eager():
+                blockwise, layout = F.ScalingType.BlockWise1x32, F.SwizzleType.NO_SWIZZLE
+                return F.scaled_mm(x[0], x[1], x[2], blockwise, x[3], blockwise, swizzle_a=layout, swizzle_b=layout,
+                                   output_dtype=torch.bfloat16)
+
+            launch._plans.clear()
+            for f, name in ((eager, "F.scaled_mm"), (lambda: torch.mm(ref[0], ref[1].t()), "torch.mm")):
+                for _ in range(20):
+                    f()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(500):
+                    f()
+                host = (time.perf_counter() - t0) / 500 * 1e6
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) / 500 * 1e6
+                print(f"  {name:<12} host {host:6.1f} us/call, wall {wall:6.1f} us/call (back to back, L2 warm)")
+            profile.append((f"{fmt} {shape} pick", lambda picked=picked, p=p, a=a, b=b, out=out:
+                            launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=picked)))
+            profile.append((f"{fmt} {shape} best", lambda best=best, p=p, a=a, b=b, out=out:
+                            _forced_run(launch, forced, p, a, b, out, best)))
+    if args.profile:
+        launch._plans.clear()
+        for _, fn in profile:
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for label, fn in profile:
+            torch.cuda.nvtx.range_push(label)
+            fn()
+            torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+def _forced_run(launch, forced, p, a, b, out, best):
+    forced[0] = best[2]
+    try:
+        return launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=best[1])
+    finally:
+        forced[0] = None
+
+
+if __name__ == "__main__":
+    main()
