@@ -11,7 +11,8 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
 
     python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--profile]
 
-``--profile`` then runs each shape's auto-picked and fastest builds once more between
+``--host-profile`` only profiles the eager call's host path (cProfile over 2000 back-to-back calls
+of the first shape and format, top entries by own time). ``--profile`` then runs each shape's auto-picked and fastest builds once more between
 ``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``.
 """
 from __future__ import annotations
@@ -52,7 +53,10 @@ def main() -> None:
     ap.add_argument("--fmt", default="mxfp8,mxfp4")
     ap.add_argument("--shape", action="append")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()
+    if args.host_profile:
+        return host_profile(args.fmt.split(",")[0], (args.shape or SHAPES)[0])
 
     import tilefly
     from tilefly.bench.timing import QUICK, measure
@@ -110,14 +114,7 @@ def main() -> None:
             forced[0] = None
             print(f"  best {best[0]:.1f} us {best[1].name} splits={best[2]}")
             # host cost per eager call: back to back, L2 warm
-            x = (a.data, b.data.t(), a.scale, b.scale)
-            import torch.nn.functional as F
-
-            def eager():
-                blockwise, layout = F.ScalingType.BlockWise1x32, F.SwizzleType.NO_SWIZZLE
-                return F.scaled_mm(x[0], x[1], x[2], blockwise, x[3], blockwise, swizzle_a=layout, swizzle_b=layout,
-                                   output_dtype=torch.bfloat16)
-
+            eager = _eager_call(a, b)
             launch._plans.clear()
             for f, name in ((eager, "F.scaled_mm"), (lambda: torch.mm(ref[0], ref[1].t()), "torch.mm")):
                 for _ in range(20):
@@ -146,6 +143,38 @@ def main() -> None:
             torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+
+
+def _eager_call(a, b):
+    import torch.nn.functional as F
+
+    blockwise, layout = F.ScalingType.BlockWise1x32, F.SwizzleType.NO_SWIZZLE
+    return lambda: F.scaled_mm(a.data, b.data.t(), a.scale, blockwise, b.scale, blockwise, swizzle_a=layout,
+                               swizzle_b=layout, output_dtype=torch.bfloat16)
+
+
+def host_profile(fmt: str, shape: str) -> None:
+    import cProfile
+    import pstats
+
+    import tilefly
+
+    tilefly.enable()
+    m, n, k = (int(v) for v in shape.split("x"))
+    call = _eager_call(*operands(m, n, k, fmt))
+    for _ in range(50):
+        call()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(2000):
+        call()
+    prof.disable()
+    host = (time.perf_counter() - t0) / 2000 * 1e6
+    torch.cuda.synchronize()
+    print(f"{fmt} {shape}: F.scaled_mm host {host:.1f} us/call under cProfile")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
 def _forced_run(launch, forced, p, a, b, out, best):

@@ -186,6 +186,26 @@ def test_dense_inputs_and_aten(on_cpu):
     assert "B TB/s" not in dense_gemm.gemm_metrics(512, 16, 32)("aten", 1.0)
 
 
+def test_dense_tilefly_hook_gets_the_nt_operands(on_cpu, monkeypatch):
+    """The hook computes a @ b (b K x N): it must get B^T, the column-major K x N view. It once got
+    the N x K tensor itself, which timed NN on square shapes and nothing on the others."""
+    seen = []
+
+    class Hook:
+        @staticmethod
+        def tilefly_providers(a, b):
+            seen.append((a, b))
+            return {"cfg": lambda: a @ b}
+
+    monkeypatch.setattr(dense_gemm.hooks, "bench_module", lambda name: (Hook, None))
+    bench = dense_gemm.plan().bench(Case(0, "t", {"m": 8, "n": 16, "k": 32}))
+    aten = next(p for p in bench.providers if p.name == "aten").build()
+    next(p for p in bench.providers if p.name == "tilefly").build()
+    (a, b), = seen
+    assert a.shape == (8, 32) and b.shape == (32, 16) and b.stride() == (1, 32)
+    torch.testing.assert_close(a @ b, aten())
+
+
 def test_grouped_inputs(on_cpu):
     case = Case(0, "t", {"suite": "ragged_m", "case": "[3,0,5]"})
     bench = grouped_gemm.plan().bench(case)

@@ -274,7 +274,7 @@ def launch_cpu(monkeypatch):
 def _named_args(plan):
     from tilefly.ops.mx_gemm import configs as cfgs
 
-    names = [n for n in inspect.signature(cfgs.kernel().fn).parameters][:len(plan.args)]
+    names = [n for n in inspect.signature(cfgs.kernel_of(plan.cfg).fn).parameters][:len(plan.args)]
     return dict(zip(names, plan.args))
 
 
@@ -296,9 +296,10 @@ def test_skinny_problems_put_the_weight_rows_in_the_mma_m_slot(launch_cpu, fmt):
     assert plan.constexprs["FP4"] == (fmt == "mxfp4") and plan.constexprs["BLOCK_N"] == 16
     tiles, splits, _ = plan.grid
     assert tiles == 4096 // plan.cfg.block_m and splits > 1 and plan.workspace is not None
-    assert splits * args["iters_per_split"] >= 4096 // 32 > (splits - 1) * args["iters_per_split"]
+    per_split = args["iters_per_split" if plan.cfg.kernel == 1 else "slots_per_split"]
+    assert splits * per_split >= 4096 // plan.cfg.block_k > (splits - 1) * per_split
     x_desc = args["x_desc"]
-    assert x_desc.block_shape == [plan.cfg.block_m, 32 if fmt == "mxfp8" else 16]
+    assert x_desc.block_shape == [plan.cfg.block_m, plan.cfg.row_bytes(fmt)]
     assert x_desc.shape == [4096, 4096 if fmt == "mxfp8" else 2048]
 
 

@@ -5,8 +5,8 @@ Providers: ``aten`` = ``torch.mm`` eager; ``triton`` = ``torch.compile(mode="max
 with ``max_autotune_gemm_backends="TRITON"`` (Inductor's Triton templates only, autotuning bounded as
 ``tilefly/bench/inductor.py`` says; if Inductor still puts ATen in the graph the note says so);
 ``best(aten,triton)`` = the faster of the two per shape.
-tilefly: if ``tilefly.ops.gemm.bench`` exists, its ``tilefly_providers(a, b) -> {config: fn}``
-(a M x K, b N x K, each fn returns a @ b.t()) gives the ``tilefly`` column (fastest config, as
+tilefly: if ``tilefly.ops.gemm.bench`` exists, its ``tilefly_providers(a, b.t()) -> {config: fn}``
+(a M x K, b.t() the K x N column-major view, each fn returns a @ b.t()) gives the ``tilefly`` column (fastest config, as
 Inductor would pick, named in the note), and two end-to-end compiled providers run:
 ``compiled`` (backends "ATEN,TRITON") and ``compiled+TILEFLY`` ("ATEN,TRITON,TILEFLY" after
 enabling tilefly's gemm family), each noting which kernel Inductor picked.
@@ -73,7 +73,7 @@ def plan() -> Plan:
         providers = [Provider("aten", lambda: lambda: torch.mm(a, b.t())),
                      compiled_provider("triton", "TRITON", a, b)]
         if hook is not None:
-            providers.append(best_config_provider("tilefly", lambda: hook.tilefly_providers(a, b)))
+            providers.append(best_config_provider("tilefly", lambda: hook.tilefly_providers(a, b.t())))
             providers.append(compiled_provider("compiled", "ATEN,TRITON", a, b))
             providers.append(compiled_provider("compiled+TILEFLY", "ATEN,TRITON,TILEFLY", a, b,
                                                setup=lambda: _raise_if(hooks.enable_for_inductor("gemm"))))

@@ -145,18 +145,14 @@ def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 
 
 def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
-    """The config the eager path runs (rows >= cols): the fastest of ``offered`` per shape class in
-    the H200 mxfp_gemm suite at 0370dbf (BENCHMARKS.md). v1 won only on 4096-row weights with
-    <= 32 tokens (more programs over few row tiles); v2 everywhere else: 128 rows for <= 32 tokens,
-    128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above."""
+    """The config the eager path runs (rows >= cols): v2 everywhere, 128 rows for <= 32 tokens,
+    128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above (mxfp_gemm suite, 0370dbf).
+    v1 won 4096-row weights with <= 32 tokens at 0370dbf; on the decode probe at 0de94ef
+    (scripts/mx_decode_probe.py, H200) it took 1.2-6x v2's time on every such shape (MXFP4
+    32 x 4096 x 4096: 61.9 us against 22.8), and v2's 128-row build was within 10 % of the best
+    v2 build and split count on all eight (BENCHMARKS.md, session 18)."""
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
-    if cols <= 32 and rows < 8192:
-        v1 = v1_pick(rows, cols, k, fmt)
-        chosen = v1 if fmt == "mxfp4" else MXConfig(64, v1.block_n, _stages(64, v1.block_n, fmt), 4)
-    elif cols <= 32 or (cols <= 64 and fmt == "mxfp8"):
-        chosen = v2_wide
-    else:
-        chosen = v2_narrow
+    chosen = v2_wide if cols <= 32 or (cols <= 64 and fmt == "mxfp8") else v2_narrow
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
 
 
