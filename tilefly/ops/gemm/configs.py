@@ -150,21 +150,29 @@ def small_slot(small: int) -> int:
     return min(256, max(8, 1 << max(0, small - 1).bit_length()))
 
 
+# Narrower token slots also offered to 33..256 tokens (the slot tiles N several times): the dense
+# config sweep at ad87ca3 (BENCHMARKS.md) found them fastest there: 64 x 4096 x 4096 on a 32-wide
+# slot (17.6 us, 1.02x cuBLAS), 128 x 4096 x 4096 on 32 (21.1 us), 256 x 4096 x 4096 and
+# 4096 x 256 x 4096 on 64; offered only their own slot, the suite at 15f271b read 0.63-0.71x there.
+NARROW_SLOTS = {64: (32,), 128: (32,), 256: (64,)}
+
+
 def offered(m: int, n: int, k: int, search: str = "default") -> list[GemmConfig]:
     """The configs worth benchmarking for an m x n x k GEMM.
 
     splitk configs go to shapes whose small side fits their token slot exactly
-    (1..8 tokens also get the 16-wide slot; above 256, up to two 256-wide
-    slots); tile configs go to shapes whose
-    small side is at least 128. Exhaustive search offers every config whose
-    token slot is not wider than needed."""
+    (1..8 tokens also get the 16-wide slot; 33..256 tokens also the narrower
+    slots of ``NARROW_SLOTS``; above 256, up to two 256-wide slots); tile configs
+    go to shapes whose small side is at least 128. Exhaustive search offers every
+    config whose token slot is not wider than needed."""
     small = min(m, n)
     picked = []
     for cfg in configs(search):
         if cfg.kind == "splitk":
             slot = small_slot(small)
             # a 16-wide slot costs a 1..8-token GEMM nothing: it streams the same weights
-            fits = (cfg.block_n == slot or (slot == 8 and cfg.block_n == 16)) and small <= 512
+            fits = (cfg.block_n == slot or (slot == 8 and cfg.block_n == 16)
+                    or cfg.block_n in NARROW_SLOTS.get(slot, ())) and small <= 512
             if search == "exhaustive":
                 fits = cfg.block_n <= small_slot(small) and small <= 1024
         else:

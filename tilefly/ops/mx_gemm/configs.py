@@ -149,8 +149,8 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above (mxfp_gemm suite, 0370dbf).
     v1 won 4096-row weights with <= 32 tokens at 0370dbf; on the decode probe at 0de94ef
     (scripts/mx_decode_probe.py, H200) it took 1.2-6x v2's time on every such shape (MXFP4
-    32 x 4096 x 4096: 61.9 us against 22.8), and v2's 128-row build was within 10 % of the best
-    v2 build and split count on all eight (BENCHMARKS.md, session 18)."""
+    32 x 4096 x 4096: 61.9 us against 23.2), and v2's 128-row build took at most 1.17x the time
+    of the best v2 build and split count on all eight (BENCHMARKS.md, session 18)."""
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
     chosen = v2_wide if cols <= 32 or (cols <= 64 and fmt == "mxfp8") else v2_narrow
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
