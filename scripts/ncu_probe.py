@@ -14,6 +14,8 @@ Cases:
     aten-rmsnorm:DTYPE:MxN            the same with tilefly disabled (ATen's kernel)
     gemm:CONFIG:MxNxK                 tilefly's dense GEMM with CONFIG (a configs name), BF16 NT
     aten-gemm:MxNxK                   torch.mm, BF16 NT (cuBLAS)
+    mx:FMT:CONFIG:MxNxK               tilefly's MX GEMM (FMT mxfp8/mxfp4) with CONFIG, a name from
+                                      mx_gemm.configs.offered on that shape, or "pick" (the eager choice)
 Without --case: the RMSNorm rows under 3.5 TB/s (issue 3) beside their aligned neighbours, and the
 decode GEMM 16x4096x4096 with its best config beside cuBLAS (issue 5).
 Without ncu it prints each case's median time (CUDA events, L2 flushed), which says whether the
@@ -71,6 +73,23 @@ def build(case: str):
             raise SystemExit(f"unknown GEMM config {name!r} (see tilefly.ops.gemm.configs)")
         out = torch.empty(m, n, device="cuda", dtype=a.dtype)
         return f"{case} (B {n * k * 2 / 1e6:.0f} MB)", lambda: launch.run(cfg, a, b, out)
+    if kind == "mx":
+        from tilefly.bench import mx_operands
+        from tilefly.ops.mx_gemm import configs as mx_configs, eligibility, launch as mx_launch
+
+        fmt, name, shape = rest.split(":")
+        m, n, k = _dims(shape)
+        qa = mx_operands.quantize(torch.randn(m, k, device="cuda"), fmt)
+        qb = mx_operands.quantize(torch.randn(n, k, device="cuda"), fmt)
+        p = eligibility.parse(qa.data, qb.data.t(), qa.scale, qb.scale, False, False)
+        rows, cols = max(m, n), min(m, n)
+        cfg = mx_configs.pick(rows, cols, k, fmt) if name == "pick" else next(
+            (c for c in mx_configs.offered(rows, cols, k, fmt) if c.name == name), None)
+        if cfg is None:
+            raise SystemExit(f"{name!r} is not offered for {fmt} {shape} (mx_gemm.configs.offered)")
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return (f"{case} [{cfg.name}] (W {qb.nbytes / 1e6:.1f} MB)",
+                lambda: mx_launch.run(p, qa.data, qb.data.t(), qa.scale, qb.scale, out, cfg=cfg))
     raise SystemExit(f"unknown case kind {kind!r}")
 
 
