@@ -11,9 +11,10 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
 
     python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--profile]
 
-``--host-profile`` only profiles the eager call's host path (cProfile over 2000 back-to-back calls
-of the first shape and format, top entries by own time). ``--profile`` then runs each shape's auto-picked and fastest builds once more between
-``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``.
+``--profile`` then runs each shape's picked and fastest builds once more between
+``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``. ``--host-profile`` instead
+profiles only the eager call's host path: cProfile over 2000 back-to-back calls of the first shape
+and format, top entries by own time.
 """
 from __future__ import annotations
 

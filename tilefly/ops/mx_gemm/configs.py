@@ -204,11 +204,6 @@ def kernel_of(cfg: MXConfig):
     return kernels.mx_gemm_kernel
 
 
-def kernel():
-    """v1's kernel (callers that predate ``kernel_of``)."""
-    return kernel_of(MXConfig(128, 8, 2, 4))
-
-
 # The mxfp_gemm suite's quick shapes (skinny and square) per format, plus a 64-row variant.
 SHIPPED_SHAPES = ((4096, 32, 4096), (4096, 4096, 4096), (14336, 1, 4096))
 
