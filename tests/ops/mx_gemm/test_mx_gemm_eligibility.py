@@ -109,15 +109,19 @@ def _defaults(fn):
     return {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
 
 
-@pytest.mark.parametrize("op, fns", [("_scaled_mm_v2", (eligibility.scaled_mm_v2_reason, eager.scaled_mm_v2)),
-                                     ("_scaled_mm", (eligibility.scaled_mm_reason, eager.scaled_mm))])
+@pytest.mark.parametrize("op, fns", [
+    ("_scaled_mm_v2", (eligibility.scaled_mm_v2_plan, eligibility.scaled_mm_v2_reason, eager.scaled_mm_v2_served)),
+    ("_scaled_mm", (eligibility.scaled_mm_plan, eligibility.scaled_mm_reason, eager.scaled_mm_served))])
 def test_signatures_follow_the_schema(op, fns):
     """The router drops trailing defaults, so predicate and op must declare them (same names,
-    same positions) as the installed torch's schema does."""
+    same positions) as the installed torch's schema does; the op takes the plan first."""
     schema = getattr(torch.ops.aten, op).default._schema
     names = [arg.name for arg in schema.arguments]
     for fn in fns:
         params = list(inspect.signature(fn).parameters)
+        if fn.__name__.endswith("_served"):
+            assert params[0] == "plan"
+            params = params[1:]
         assert params == [n if n != "output_dtype" else "out_dtype" for n in names], (fn, params, names)
         for arg in schema.arguments:
             if arg.has_default_value():
@@ -130,30 +134,29 @@ def test_the_family_registers_both_ops():
 
     impls = {i.op: i for i in _dispatch.registered("mx_gemm")}
     assert set(impls) == {"aten::_scaled_mm_v2", "aten::_scaled_mm"}
-    assert all(i.dispatch_key == "CUDA" for i in impls.values())
+    assert all(i.dispatch_key == "CUDA" and i.takes_plan for i in impls.values())
 
 
 STANDIN = "mx_standin"
 
 
 @pytest.fixture
-def standin_route(on_hopper):
-    """The real predicates on the CPU key; the op computes the float64 reference instead of
-    launching, and counts its calls."""
+def standin_route(on_hopper, monkeypatch):
+    """The real predicate on the CPU key, registered as the family registers it (the op takes the
+    predicate's MXProblem); the op computes the float64 reference instead of launching and records
+    the problem it got and how many times the call was parsed."""
     calls = []
+    parses = []
+    real_parse = eligibility.parse
+    monkeypatch.setattr(eligibility, "parse", lambda *args: parses.append(1) or real_parse(*args))
 
-    def serve(a, b, sa, sb, swizzled, bias, out_dtype):
-        p = eligibility.parse(a, b, sa, sb, swizzled[0], swizzled[1])
-        calls.append(p)
-        return _reference(a, b, sa, sb, p.fmt, swizzled[0], bias).to(out_dtype)
-
-    def v2(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None, out_dtype=None,
+    def v2(plan, self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None, out_dtype=None,
            contraction_dim=(), use_fast_accum=False):
-        return serve(self, mat2, scale_a[0], scale_b[0], (bool(swizzle_a and swizzle_a[0]),
-                                                         bool(swizzle_b and swizzle_b[0])), bias, out_dtype)
+        calls.append((plan, len(parses)))
+        return _reference(self, mat2, scale_a[0], scale_b[0], plan.fmt, plan.swizzled_a, bias).to(out_dtype)
 
-    _dispatch.register(_dispatch.Impl(STANDIN, "aten::_scaled_mm_v2", "standin_mx", eligibility.scaled_mm_v2_reason,
-                                      v2, dispatch_key="CPU"))
+    _dispatch.register(_dispatch.Impl(STANDIN, "aten::_scaled_mm_v2", "standin_mx", eligibility.scaled_mm_v2_plan,
+                                      v2, dispatch_key="CPU", takes_plan=True))
     _dispatch.install([STANDIN])
     yield calls
     _dispatch.uninstall([STANDIN])
@@ -170,6 +173,9 @@ def test_f_scaled_mm_reaches_the_mx_route(standin_route, fmt, swizzle):
         out = F.scaled_mm(a, b, sa, F.ScalingType.BlockWise1x32, sb, F.ScalingType.BlockWise1x32,
                           swizzle_a=layout, swizzle_b=layout, bias=bias, output_dtype=torch.bfloat16)
     assert len(standin_route) == 1 and decisions[-1].impl == "standin_mx"
+    (plan, parses), = standin_route
+    assert plan == eligibility.MXProblem(fmt, 33, 64, 256, swizzle == "32_4_4", swizzle == "32_4_4")
+    assert parses == 1, "the op takes the predicate's parse instead of parsing again"
     ref = _reference(a, b, sa, sb, fmt, swizzle == "32_4_4", bias)
     torch.testing.assert_close(out.double(), ref, rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
 

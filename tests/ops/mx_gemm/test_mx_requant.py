@@ -6,7 +6,7 @@ import torch
 
 from tilefly import config, mx
 from tilefly._interpreter import run_checks
-from tilefly.ops.mx_gemm import configs, eager, launch, requant
+from tilefly.ops.mx_gemm import configs, eager, eligibility, launch, requant
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
 def test_interpreter_checks_pass():
@@ -42,7 +42,8 @@ def test_the_eager_op_takes_the_requantizing_path_when_it_serves(monkeypatch):
         monkeypatch.setattr(config, "mx_requantize", on)
         a, sa = mx.quantize(torch.randn(m, 512), "mxfp8")
         b, sb = mx.quantize(torch.randn(512, 512), "mxfp8")
-        out = eager._run(a, b.t(), sa, sb, False, False, None, torch.bfloat16)
+        p = eligibility.parse(a, b.t(), sa, sb, False, False)
+        out = eager._run(p, a, b.t(), sa, sb, None, torch.bfloat16)
         assert out.shape == (m, 512) and out.dtype == torch.bfloat16
     assert taken == [("requant", 1024), ("kernel", 1024), ("kernel", 64)]
 

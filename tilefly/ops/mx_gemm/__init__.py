@@ -12,7 +12,7 @@ from tilefly.ops.mx_gemm import eager, eligibility
 
 _dispatch.register(_dispatch.Impl(
     family="mx_gemm", op="aten::_scaled_mm_v2", name="gluon_mx_gemm",
-    predicate=eligibility.scaled_mm_v2_reason, fn=eager.scaled_mm_v2))
+    predicate=eligibility.scaled_mm_v2_plan, fn=eager.scaled_mm_v2_served, takes_plan=True))
 _dispatch.register(_dispatch.Impl(
     family="mx_gemm", op="aten::_scaled_mm", name="gluon_mx_gemm",
-    predicate=eligibility.scaled_mm_reason, fn=eager.scaled_mm))
+    predicate=eligibility.scaled_mm_plan, fn=eager.scaled_mm_served, takes_plan=True))

@@ -15,7 +15,8 @@ ATen's CUDA kernel, takes the scales in the SWIZZLE_32_4_4 layout). Decisions:
 | MX on sm_90, well formed, outside what the kernel takes     | ATen (reason returned)              |
 |   (out_dtype not BF16/FP16/FP32, non-vector bias,           |                                     |
 |   contraction_dim other than (1, 0), empty, TMA alignment)  |                                     |
-| otherwise                                                   | tilefly (``None``)                  |
+| otherwise                                                   | tilefly (the ``MXProblem``, which   |
+|                                                             |   the router hands to the op)       |
 
 Well formed: A (self) 2-D row-major, B (mat2) 2-D column-major (B.t() row-major, the NT case),
 both ``float8_e4m3fn`` (MXFP8) or both ``float4_e2m1fn_x2`` (MXFP4, K / 2 bytes a row); K a
@@ -150,9 +151,11 @@ def _device_reason(*tensors: torch.Tensor) -> str | None:
     return None
 
 
-def scaled_mm_v2_reason(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None,
-                        out_dtype=None, contraction_dim=(), use_fast_accum=False) -> str | None:
-    """Predicate for ``aten::_scaled_mm_v2`` (raises ``MXInputError`` on malformed MX calls on sm_90)."""
+def scaled_mm_v2_plan(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None,
+                      out_dtype=None, contraction_dim=(), use_fast_accum=False) -> MXProblem | str:
+    """Predicate for ``aten::_scaled_mm_v2``: the ``MXProblem`` tilefly serves, which the router
+    hands to ``eager.scaled_mm_v2_served`` (no second parse), or the reason it declines. Raises
+    ``MXInputError`` on malformed MX calls on sm_90."""
     if list(recipe_a) != [BLOCKWISE_1X32] or list(recipe_b) != [BLOCKWISE_1X32]:
         return f"recipes {list(recipe_a)} x {list(recipe_b)} are not MX (BlockWise1x32 = {BLOCKWISE_1X32})"
     if len(scale_a) != 1 or len(scale_b) != 1:
@@ -161,13 +164,14 @@ def scaled_mm_v2_reason(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recip
     if reason is not None:
         return reason
     p = parse(self, mat2, scale_a[0], scale_b[0], _swizzle(swizzle_a, "swizzle_a"), _swizzle(swizzle_b, "swizzle_b"))
-    return kernel_reason(p, self, mat2, bias, out_dtype, contraction_dim)
+    return kernel_reason(p, self, mat2, bias, out_dtype, contraction_dim) or p
 
 
-def scaled_mm_reason(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                     use_fast_accum=False) -> str | None:
+def scaled_mm_plan(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                   use_fast_accum=False) -> MXProblem | str:
     """Predicate for the legacy ``aten::_scaled_mm``: MX when both scales are E8M0, which ATen
-    reads in the SWIZZLE_32_4_4 layout (raises ``MXInputError`` on malformed MX calls on sm_90)."""
+    reads in the SWIZZLE_32_4_4 layout. Returns the ``MXProblem`` served or the reason it declines
+    (raises ``MXInputError`` on malformed MX calls on sm_90)."""
     if scale_a.dtype != torch.float8_e8m0fnu or scale_b.dtype != torch.float8_e8m0fnu:
         return f"scales {scale_a.dtype} x {scale_b.dtype} are not MX (float8_e8m0fnu)"
     reason = _device_reason(self, mat2, scale_a, scale_b)
@@ -176,4 +180,21 @@ def scaled_mm_reason(self, mat2, scale_a, scale_b, bias=None, scale_result=None,
     if scale_result is not None:
         return "scale_result is not served with MX scaling"
     p = parse(self, mat2, scale_a, scale_b, True, True)
-    return kernel_reason(p, self, mat2, bias, out_dtype)
+    return kernel_reason(p, self, mat2, bias, out_dtype) or p
+
+
+def _reason(plan: MXProblem | str) -> str | None:
+    return plan if isinstance(plan, str) else None
+
+
+def scaled_mm_v2_reason(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None,
+                        out_dtype=None, contraction_dim=(), use_fast_accum=False) -> str | None:
+    """``scaled_mm_v2_plan`` as a reason: None when tilefly serves the call."""
+    return _reason(scaled_mm_v2_plan(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias,
+                                     out_dtype, contraction_dim, use_fast_accum))
+
+
+def scaled_mm_reason(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                     use_fast_accum=False) -> str | None:
+    """``scaled_mm_plan`` as a reason: None when tilefly serves the call."""
+    return _reason(scaled_mm_plan(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum))
