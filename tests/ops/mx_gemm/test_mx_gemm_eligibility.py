@@ -142,21 +142,23 @@ STANDIN = "mx_standin"
 
 @pytest.fixture
 def standin_route(on_hopper, monkeypatch):
-    """The real predicate on the CPU key, registered as the family registers it (the op takes the
-    predicate's MXProblem); the op computes the float64 reference instead of launching and records
-    the problem it got and how many times the call was parsed."""
+    """The family's predicate and op on the CPU key, registered as the family registers them (the
+    op takes the predicate's MXProblem); the launch computes the float64 reference instead and
+    records the problem it got and how many times the call was parsed."""
+    from tilefly.ops.mx_gemm import launch
+
     calls = []
     parses = []
     real_parse = eligibility.parse
     monkeypatch.setattr(eligibility, "parse", lambda *args: parses.append(1) or real_parse(*args))
 
-    def v2(plan, self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None, out_dtype=None,
-           contraction_dim=(), use_fast_accum=False):
-        calls.append((plan, len(parses)))
-        return _reference(self, mat2, scale_a[0], scale_b[0], plan.fmt, plan.swizzled_a, bias).to(out_dtype)
+    def run(p, a, b, sa, sb, out, bias=None):
+        calls.append((p, len(parses)))
+        return out.copy_(_reference(a, b, sa, sb, p.fmt, p.swizzled_a, bias))
 
+    monkeypatch.setattr(launch, "run", run)
     _dispatch.register(_dispatch.Impl(STANDIN, "aten::_scaled_mm_v2", "standin_mx", eligibility.scaled_mm_v2_plan,
-                                      v2, dispatch_key="CPU", takes_plan=True))
+                                      eager.scaled_mm_v2_served, dispatch_key="CPU", takes_plan=True))
     _dispatch.install([STANDIN])
     yield calls
     _dispatch.uninstall([STANDIN])
