@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from tilefly.ops.mx_gemm import eligibility
-
 
 def _run(p, a, b, scale_a, scale_b, bias, out_dtype) -> torch.Tensor:
     from tilefly.ops.mx_gemm import launch, requant
