@@ -113,30 +113,50 @@ class CachedLaunch:
                      self.args if args is None else args)
 
 
+def replay_or_keep(plans: dict, key, capturing, max_plans: int, first, *first_args) -> None:
+    """The replay cache every cached launch goes through (dense, grouped and MX GEMMs,
+    ``launch_cached``): replay ``plans[key]`` unless ``capturing()``, else ``first(*first_args)``
+    launches through the JIT and returns the plan to keep for the next call, or None under CUDA
+    graph capture (a capture's arguments, its split-K buffers say, belong to its graph) or when
+    there is nothing to keep. ``plans`` starts over once it holds ``max_plans`` entries."""
+    plan = plans.get(key)
+    if plan is not None and not capturing():
+        plan()
+        return
+    plan = first(*first_args)
+    if plan is not None:
+        if len(plans) >= max_plans:
+            plans.clear()
+        plans[key] = plan
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured (False where torch has no CUDA)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def launch_cached(plans: dict, key: tuple | None, kernel, build, index: int, max_plans: int = 256) -> None:
     """Replay ``plans[key]`` (a ``CachedLaunch`` of an earlier launch), else launch
     ``kernel[grid](*args, **constexprs)`` with ``(grid, args, constexprs) = build()`` through the
-    JIT and keep its plan. ``key`` must name everything the arguments hold (addresses, sizes,
-    scalars); None derives it from what ``build()`` returns (``args_key``: safe by construction,
-    at the price of building the arguments on every call). Under CUDA graph capture always the
-    JIT, nothing kept; nor is a launch that returns no compiled kernel (a CPU test's stand-in)."""
-    import torch
-
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    JIT and keep its plan (``replay_or_keep``). ``key`` must name everything the arguments hold
+    (addresses, sizes, scalars); None derives it from what ``build()`` returns (``args_key``: safe
+    by construction, at the price of building the arguments on every call). A launch that returns
+    no compiled kernel (a CPU test's stand-in) is not kept."""
     built = None
     if key is None:
         built = build()
         key = (kernel, *args_key(*built))
-    plan = plans.get(key)
-    if plan is not None and not capturing:
-        plan()
-        return
+    replay_or_keep(plans, key, capturing, max_plans, _jit_launch, kernel, built, build, index)
+
+
+def _jit_launch(kernel, built, build, index: int) -> "CachedLaunch | None":
     grid, args, constexprs = built or build()
     compiled = kernel[grid](*args, **constexprs)
-    if compiled is not None and not capturing:
-        if len(plans) >= max_plans:
-            plans.clear()
-        plans[key] = CachedLaunch(compiled, kernel.arg_names, args, constexprs, grid, index)
+    if compiled is None or capturing():
+        return None
+    return CachedLaunch(compiled, kernel.arg_names, args, constexprs, grid, index)
 
 
 class Direct:

@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tilefly._triton_launch import launch_cached
-
 BLOCK_K = 64
 BLOCK_D = 64
 NUM_WARPS = 4
@@ -54,16 +52,13 @@ def kmajor(b: torch.Tensor) -> torch.Tensor:
                          f"strides {b.stride()}")
     padded = -(-k // ROW_PAD) * ROW_PAD
     dst = torch.empty(g, d, padded, dtype=b.dtype, device=b.device)
-    if g and k:     # replayed when every argument repeats (keyed by the arguments: no descriptors to build)
-        args = [b, dst, k, padded, b.stride(0), b.stride(1), dst.stride(0), dst.stride(1)]
-        launch_cached(_plans, None, kmajor_copy_kernel,
-                      lambda: ((-(-k // BLOCK_K), d // BLOCK_D, g), args,
-                               dict(D=d, BLOCK_K=BLOCK_K, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)),
-                      b.device.index if b.is_cuda else 0)
+    if g and k:     # replayed when every argument repeats (the attention kernels' replay cache)
+        from tilefly.ops.attention.kernels import replay
+
+        replay(kmajor_copy_kernel, (-(-k // BLOCK_K), d // BLOCK_D, g),
+               [b, dst, k, padded, b.stride(0), b.stride(1), dst.stride(0), dst.stride(1)],
+               dict(D=d, BLOCK_K=BLOCK_K, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS), b)
     return dst[:, :, :k].transpose(1, 2)
-
-
-_plans: dict[tuple, object] = {}      # replayed launches (tilefly._triton_launch.launch_cached)
 
 
 # ---- compile specs and interpreter checks -----------------------------------------------------

@@ -127,18 +127,16 @@ def run(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 def run_cached(plans: dict, key: tuple, prepare_launch) -> None:
     """Replay ``plans[key]``, or build the Launch (``prepare_launch()``), launch it through the JIT
     and keep its plan; under CUDA graph capture always the JIT (the split-K buffers of a capture
-    belong to its graph). The dense and the MX GEMMs launch through this."""
-    plan = plans.get(key)
-    if plan is not None and not _capturing():
-        plan()
-        return
+    belong to its graph). The dense and the MX GEMMs launch through this; the cache itself is the
+    one every cached launch shares (tilefly._triton_launch.replay_or_keep)."""
+    _triton_launch.replay_or_keep(plans, key, _capturing, _MAX_PLANS, _first_launch, prepare_launch)
+
+
+def _first_launch(prepare_launch) -> "_Plan | None":
     launch = prepare_launch()
     capturing = _capturing()
     compiled = launch.first(capturing)
-    if not capturing:
-        if len(plans) >= _MAX_PLANS:
-            plans.clear()
-        plans[key] = _Plan(compiled, launch)
+    return None if capturing else _Plan(compiled, launch)
 
 
 def prepare(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,

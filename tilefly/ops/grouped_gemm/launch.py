@@ -23,7 +23,7 @@ import functools
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tilefly import _device
+from tilefly import _device, _triton_launch
 from tilefly._triton_launch import CachedLaunch
 from tilefly.ops.grouped_gemm.configs import GroupedConfig, groups_pad, kernel_of, problem_reason
 from tilefly.ops.grouped_gemm.eligibility import TMA_ALIGN, a_row_stride, b_view
@@ -104,21 +104,20 @@ def run(cfg: GroupedConfig, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor
     before writing anything."""
     key = (cfg, a.device, a.dtype, a.data_ptr(), a.shape, a.stride(), b.data_ptr(), b.shape, b.stride(),
            offs.dtype, offs.data_ptr(), offs.shape, out.dtype, out.data_ptr(), out.shape, out.stride())
-    plan = _plans.get(key)
-    if plan is not None and not _capturing():
-        plan()
-        return out
+    _triton_launch.replay_or_keep(_plans, key, _capturing, _MAX_PLANS, _first_launch, cfg, a, b, offs, out)
+    return out
+
+
+def _first_launch(cfg, a, b, offs, out) -> CachedLaunch | None:
     launch = prepare(cfg, a, b, offs, out)
     if launch is None:
-        return out
+        return None
     capturing = _capturing()
     compiled = launch.first()
-    if not capturing:
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
-        _plans[key] = CachedLaunch(compiled, kernel_of(launch.cfg).arg_names, launch.args, launch.constexprs,
-                                   launch.grid, out.device.index)
-    return out
+    if capturing:
+        return None
+    return CachedLaunch(compiled, kernel_of(launch.cfg).arg_names, launch.args, launch.constexprs, launch.grid,
+                        out.device.index)
 
 
 _MAX_PLANS = 1024

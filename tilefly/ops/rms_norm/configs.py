@@ -225,12 +225,14 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs not yet measured on the GPU, which ``sweep.py --new`` times against the heuristic's
-    pick and ATen: the heuristic's rows tile (pdl dropped) as a persistent grid whose next tile's
-    loads are in flight while this one reduces and stores, 1 or 2 programs an SM where shared
-    memory allows. Why: FP32 rows of 16385 reach 3.3 TB/s against 3.9 for rows of 16384; their
-    tile takes 106 registers over 512 threads (sm_90a compile), so an SM holds one CTA and one
-    64 KB row, and nothing overlaps its reduction and store."""
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the heuristic's rows
+    tile (pdl dropped) as a persistent grid whose next tile's loads are in flight while this one
+    reduces and stores, 1 or 2 programs an SM where shared memory allows. Why: FP32 rows of 16385
+    reach 3.3 TB/s against 3.9 for rows of 16384; their tile takes 106 registers over 512 threads
+    (sm_90a compile), so an SM holds one CTA and one 64 KB row, and nothing overlaps its reduction
+    and store. Measured at d80dcdd (BENCHMARKS.md session 18): slower than the shipped tile on
+    every case tried (FP16 2048x16385 47.9 us at 2 an SM against 39.5, FP32 2048x16385 100.8
+    against 81.1), so TUNED has none of them."""
     base = heuristic(N, element_size, layout)
     if base.kernel != "rows" or layout == GENERIC or row_block(N, element_size, layout) < 4096:
         return []
