@@ -3,6 +3,11 @@
 Bandwidth-bound: everything below serves one goal, 16-byte accesses with enough bytes in
 flight, x read once from DRAM and y written once.
 
+Triton rather than Gluon, measured: a Gluon kernel staging each row through shared memory by TMA
+(one CTA a row, the row's boxes behind one mbarrier per chunk, TMA stores; commit f66e032,
+BENCHMARKS.md session 19) was slower than these kernels on all 8 aligned suite shapes it served,
+0.58x-0.98x of their speed.
+
 Row layouts (the launcher picks one per call and passes it as constexprs; V = 16 bytes
 divided by the element size, i.e. 8 for FP16/BF16 and 4 for FP32):
   ALIGNED  N and the row stride are multiples of V and x is 16-byte aligned. Each row is a run
@@ -16,6 +21,9 @@ divided by the element size, i.e. 8 for FP16/BF16 and 4 for FP32):
            each, handled as scalars in a 2V-lane edge tile. w is read at the body's column
            offset, which is not aligned: scalar loads, but of a vector every row shares, so
            they hit L1/L2 and cost issue slots, not DRAM bandwidth.
+           Not TMA: a TMA copy whose first element is not 16-byte aligned is an illegal instruction
+           on the H200 (a 1-D descriptor of the flat x, rows of 4097-16385, commit f66e032), so
+           TMA cannot land an unaligned row at offset 0 of shared memory.
   GENERIC  any other row-contiguous layout (rows with an odd stride, x not 16-byte aligned):
            plain masked loads, correct at any alignment, vectorized where Triton can prove it.
 
