@@ -14,7 +14,7 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
 ``--profile`` then runs each shape's picked and fastest builds once more between
 ``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``. ``--host-profile`` instead
 profiles only the eager call's host path: cProfile over 2000 back-to-back calls of the first shape
-and format, top entries by own time.
+and format (first timed without the profiler), top entries by own and by cumulative time.
 """
 from __future__ import annotations
 
@@ -166,6 +166,11 @@ def host_profile(fmt: str, shape: str) -> None:
     for _ in range(50):
         call()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        call()
+    print(f"{fmt} {shape}: F.scaled_mm host {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us/call")
+    torch.cuda.synchronize()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
@@ -176,6 +181,7 @@ def host_profile(fmt: str, shape: str) -> None:
     torch.cuda.synchronize()
     print(f"{fmt} {shape}: F.scaled_mm host {host:.1f} us/call under cProfile")
     pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
 
 
 def _forced_run(launch, forced, p, a, b, out, best):
