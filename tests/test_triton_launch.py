@@ -88,3 +88,70 @@ def test_stand_ins_that_compile_nothing_are_not_kept(replays):
     for _ in range(2):
         _triton_launch.launch_cached(plans, ("k",), Interpreted(), lambda: ((1,), [], {}), 0)
     assert not plans and not replays
+
+
+class _Run:
+    """CompiledKernel.run as Triton 3.6 builds it for a kernel with one TMA descriptor: its launch
+    is wrap_handle_tensordesc's wrapper around the C launcher (here a recorder)."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, raw, signature, meta):
+        from triton.backends.nvidia import driver
+
+        self.launch = driver.wrap_handle_tensordesc(raw, signature, meta)
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+class _Compiled:
+    function, packed_metadata = "function", ("meta",)
+
+    def __init__(self, raw):
+        from types import SimpleNamespace
+
+        self.meta = {"swizzle": 128, "elem_size": 2, "elem_type": 10, "block_size": [8, 64], "fp4_padded": False}
+        self.metadata = SimpleNamespace(tensordesc_meta=[self.meta])
+        self.run = _Run(raw, {"desc": "tensordesc<bf16[8, 64]>", "ptr": "*fp32", "n": "i32", "scale": "fp32",
+                              "BLOCK": "constexpr"}, [self.meta])
+
+
+def test_flat_launch_encodes_descriptors_once(monkeypatch):
+    """A CachedLaunch of a kernel with a TMA descriptor calls Triton's C launcher itself: the
+    descriptor flattened into (tensor map, shape, strides) once, a replaced parameter landing at
+    its flattened position, the grid padded to three; with a launch hook set it goes through
+    CompiledKernel.run instead."""
+    from triton.backends.nvidia import driver
+
+    encoded = []
+    monkeypatch.setattr(driver, "make_tensordesc_arg",
+                        lambda arg, meta: encoded.append(meta) or [("map", arg.base.data_ptr()), *arg.shape, *arg.strides])
+    monkeypatch.setattr(_triton_launch, "current_stream", lambda index: 7)
+    raw = []
+    compiled = _Compiled(lambda *args: raw.append(args))
+    a, p = torch.zeros(16, 64, dtype=torch.bfloat16), torch.zeros(4)
+    plan = _triton_launch.CachedLaunch(compiled, _Kernel.arg_names, [_desc(a), p, 16, 0.5], {"BLOCK": 64}, (2,), 0)
+    assert _triton_launch.c_launcher(compiled.run) is not None
+    plan()
+    plan(replace=((1, 1234),))
+    assert encoded == [compiled.meta]
+    head = (2, 1, 1, 7, "function", False, True, None, None, ("meta",), None, None, None)
+    body = [("map", a.data_ptr()), 16, 64, 64, 1]
+    assert raw == [(*head, *body, p.data_ptr(), 16, 0.5, 64), (*head, *body, 1234, 16, 0.5, 64)]
+    monkeypatch.setattr(_triton_launch, "hooks_active", lambda: True)
+    monkeypatch.setattr(_triton_launch, "run_compiled", lambda c, grid, stream, args: raw.append(("run", args)))
+    plan(replace=((1, 99),))
+    assert raw[-1][0] == "run" and raw[-1][1][1] == 99 and len(raw) == 3
+
+
+def test_flat_launch_declines_what_it_cannot_flatten():
+    compiled = _Compiled(lambda *args: None)
+    compiled.run.global_scratch_size = 64  # the launcher would need a scratch buffer
+    assert _triton_launch.flat_launch(compiled, [None]) is None
+    compiled = _Compiled(lambda *args: None)
+    compiled.metadata.tensordesc_meta = None
+    a = torch.zeros(16, 64, dtype=torch.bfloat16)
+    assert _triton_launch.flat_launch(compiled, [_desc(a)]) is None

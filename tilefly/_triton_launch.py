@@ -97,20 +97,100 @@ def args_key(grid, args, constexprs: dict) -> tuple:
 class CachedLaunch:
     """A compiled kernel with every parameter in signature order (what the JIT passes after
     binding; tensors as addresses, so the cache keeps no tensor alive), launched on the current
-    stream of its device through ``run_compiled``. ``args=`` replaces the kept arguments for
-    one call (per-call buffers); ``stream=`` passes the current stream when the caller has it."""
+    stream of its device. ``replace=((i, value), ...)`` swaps parameter i for one call (per-call
+    buffers); ``stream=`` passes the current stream when the caller has it.
 
-    __slots__ = ("compiled", "grid", "args", "index")
+    Where ``flat_launch`` can (Triton 3.6, no scratch) the launch is one call of Triton's C
+    launcher with the arguments flattened once, TMA descriptors encoded once: Triton's own path
+    re-encodes every descriptor on every call (``fill_tma_descriptor``) and rebuilds the argument
+    list in Python. The plan's key names every descriptor's base, shape and box, so its encoding
+    stays valid for as long as the plan is replayed. With a launch hook set (a profiler) it goes
+    through ``run_compiled``, which calls the hooks."""
+
+    __slots__ = ("compiled", "grid", "args", "index", "flat")
 
     def __init__(self, compiled, arg_names, args, constexprs: dict, grid, index: int):
         values = dict(zip(arg_names, args))
         values.update(constexprs)
         self.args = [detached(values[name]) for name in arg_names]
-        self.compiled, self.grid, self.index = compiled, grid, index
+        self.compiled, self.grid, self.index = compiled, tuple((*grid, 1, 1)[:3]), index
+        self.flat = flat_launch(compiled, self.args) if FLAT_LAUNCH else None
 
-    def __call__(self, args=None, stream=None) -> None:
-        run_compiled(self.compiled, self.grid, current_stream(self.index) if stream is None else stream,
-                     self.args if args is None else args)
+    def __call__(self, stream=None, replace=()) -> None:
+        if stream is None:
+            stream = current_stream(self.index)
+        flat = self.flat
+        if flat is not None and not hooks_active():
+            args = flat.args
+            if replace:
+                args = list(args)
+                for i, value in replace:
+                    args[flat.at[i]] = value
+            grid = self.grid
+            flat.launch(grid[0], grid[1], grid[2], stream, flat.function, flat.coop, flat.pdl, None, None,
+                        flat.meta, None, None, None, *args)
+            return
+        args = self.args
+        if replace:
+            args = list(args)
+            for i, value in replace:
+                args[i] = value
+        run_compiled(self.compiled, self.grid, stream, args)
+
+
+# False sends every CachedLaunch through run_compiled (Triton's own launch path).
+FLAT_LAUNCH = True
+
+
+class Flat:
+    """A kernel's arguments as Triton 3.6's C launcher takes them: ``args`` flattened (each TMA
+    descriptor as its encoded tensor map, shape and strides), ``at[i]`` where parameter i went."""
+
+    __slots__ = ("launch", "function", "meta", "coop", "pdl", "args", "at")
+
+
+def c_launcher(run):
+    """Triton 3.6's C launch function behind ``CompiledKernel.run``: ``run.launch`` itself, or,
+    for a kernel with TMA descriptor parameters, the ``launcher`` that
+    ``wrap_handle_tensordesc``'s wrapper closes over. None where it is not found."""
+    launch = getattr(run, "launch", None)
+    closure = getattr(launch, "__closure__", None)
+    if not closure:
+        return launch
+    cells = dict(zip(launch.__code__.co_freevars, (cell.cell_contents for cell in closure)))
+    return cells.get("launcher")
+
+
+def flat_launch(compiled, args) -> Flat | None:
+    """A ``Flat`` for a ``CompiledKernel`` and its parameters (as ``CachedLaunch`` keeps them), or
+    None: another Triton, a kernel with global or profile scratch, or a launcher not found."""
+    import triton
+
+    if not triton.__version__.startswith("3.6.") or not hasattr(compiled, "packed_metadata"):
+        return None
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    launch = c_launcher(run)
+    if launch is None:
+        return None
+    from triton.backends.nvidia import driver
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    descriptor_meta = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
+    flat = Flat()
+    flat.args, flat.at = [], []
+    for value in args:
+        flat.at.append(len(flat.args))
+        if isinstance(value, TensorDescriptor):
+            if not descriptor_meta:
+                return None  # the launcher would want the frontend's decomposition instead
+            flat.args.extend(driver.make_tensordesc_arg(value, descriptor_meta.pop(0)))
+        else:
+            flat.args.append(value)
+    flat.launch, flat.function, flat.meta = launch, compiled.function, compiled.packed_metadata
+    flat.coop, flat.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
+    return flat
 
 
 def replay_or_keep(plans: dict, key, capturing, max_plans: int, first, *first_args) -> None:

@@ -243,11 +243,10 @@ class _Plan(CachedLaunch):
     def __call__(self) -> None:
         if self.workspace is None:
             return super().__call__()
-        args = list(self.args)
         stream = _triton_launch.current_stream(self.index)
-        args[self.workspace_at:self.workspace_at + 2] = [
-            t.data_ptr() for t in _splitk_buffers(self.device, *self.workspace, False, stream)]
-        return super().__call__(args, stream)
+        partials, tickets = _splitk_buffers(self.device, *self.workspace, False, stream)
+        return super().__call__(stream, ((self.workspace_at, partials.data_ptr()),
+                                         (self.workspace_at + 1, tickets.data_ptr())))
 
 
 _MAX_PLANS = 1024
