@@ -126,6 +126,7 @@ def test_flat_launch_encodes_descriptors_once(monkeypatch):
     CompiledKernel.run instead."""
     from triton.backends.nvidia import driver
 
+    monkeypatch.setattr(_triton_launch, "FLAT_LAUNCH", True)
     encoded = []
     monkeypatch.setattr(driver, "make_tensordesc_arg",
                         lambda arg, meta: encoded.append(meta) or [("map", arg.base.data_ptr()), *arg.shape, *arg.strides])

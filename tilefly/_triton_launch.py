@@ -15,6 +15,8 @@ None (its ``calls`` list is empty when no profiler listens), so "is not None" is
 """
 from __future__ import annotations
 
+import os
+
 _raw_stream = None
 
 
@@ -100,12 +102,12 @@ class CachedLaunch:
     stream of its device. ``replace=((i, value), ...)`` swaps parameter i for one call (per-call
     buffers); ``stream=`` passes the current stream when the caller has it.
 
-    Where ``flat_launch`` can (Triton 3.6, no scratch) the launch is one call of Triton's C
-    launcher with the arguments flattened once, TMA descriptors encoded once: Triton's own path
-    re-encodes every descriptor on every call (``fill_tma_descriptor``) and rebuilds the argument
-    list in Python. The plan's key names every descriptor's base, shape and box, so its encoding
-    stays valid for as long as the plan is replayed. With a launch hook set (a profiler) it goes
-    through ``run_compiled``, which calls the hooks."""
+    With FLAT_LAUNCH, where ``flat_launch`` can (Triton 3.6, no scratch), the launch is one call
+    of Triton's C launcher with the arguments flattened once, TMA descriptors encoded once:
+    Triton's own path re-encodes every descriptor on every call (``fill_tma_descriptor``) and
+    rebuilds the argument list in Python. The plan's key names every descriptor's base, shape
+    and box, so its encoding stays valid for as long as the plan is replayed. With a launch hook
+    set (a profiler) it goes through ``run_compiled``, which calls the hooks."""
 
     __slots__ = ("compiled", "grid", "args", "index", "flat")
 
@@ -138,8 +140,14 @@ class CachedLaunch:
         run_compiled(self.compiled, self.grid, stream, args)
 
 
-# False sends every CachedLaunch through run_compiled (Triton's own launch path).
-FLAT_LAUNCH = True
+# Off until the GPU tests have run with it (they did not finish inside session 19's last device
+# call). Host time of an eager MXFP8 F.scaled_mm of 32x4096x4096 (scripts/mx_decode_probe.py
+# --host-profile): 111.7 us a call at 88539dc, 68.9 with it at 00d4714, on two different H200
+# machines, so not a controlled comparison; under cProfile Triton's wrapper and descriptor
+# encoding took 45 of 228 us at 88539dc.
+# TILEFLY_FLAT_LAUNCH=1 turns it on for a GPU test run; False sends every CachedLaunch through
+# run_compiled (Triton's own launch path).
+FLAT_LAUNCH = os.environ.get("TILEFLY_FLAT_LAUNCH") == "1"
 
 
 class Flat:
