@@ -105,6 +105,53 @@ def test_predicate_serves_and_declines_on_hopper(on_hopper):
         eligibility.scaled_mm_v2_reason(a, b, [sa, sa], MX, [1], [sb], MX, [1], None, torch.bfloat16)
 
 
+def _misaligned(t):
+    """``t``'s values in a buffer one byte off 16-byte alignment (same shape and strides)."""
+    raw = torch.empty(t.untyped_storage().nbytes() + 1, dtype=torch.uint8)[1:]
+    base = raw.view(t.dtype).as_strided(t.shape, t.stride())
+    base.view(torch.uint8).copy_(t.view(torch.uint8))
+    return base
+
+
+def test_verdicts_are_kept_per_call_metadata(on_hopper, monkeypatch):
+    """Kept verdicts (CUDA calls; here CPU ones let through) answer a repeat without parsing again,
+    and every argument the verdict depends on keys it: strides, alignment, out_dtype, bias,
+    contraction_dim, swizzle, the op. A malformed call raises every time."""
+    parses = []
+    real_parse = eligibility.parse
+    monkeypatch.setattr(eligibility, "parse", lambda *args: parses.append(1) or real_parse(*args))
+    monkeypatch.setattr(eligibility, "_keeps_plans", lambda t: True)
+    monkeypatch.setattr(eligibility, "_plans", {})
+    a, b, sa, sb = _operands("mxfp8", 32, 64, 256, "32_4_4")
+    served = eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True))
+    assert isinstance(served, eligibility.MXProblem) and len(parses) == 1
+    assert eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True)) is served and len(parses) == 1
+    a2, b2 = a.clone(), b.t().clone().t()   # new tensors, same metadata: the same verdict
+    assert eligibility.scaled_mm_v2_plan(*_v2_args(a2, b2, sa.clone(), sb.clone(), True)) is served
+    assert len(parses) == 1
+    assert "16-byte aligned" in eligibility.scaled_mm_v2_plan(*_v2_args(_misaligned(a), b, sa, sb, True))
+    assert "out_dtype" in eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True, out_dtype=torch.int32))
+    bias = torch.randn(63, dtype=torch.bfloat16)
+    assert "bias must be" in eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True, bias=bias))
+    assert "contraction_dim" in eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True), [0, 1])
+    assert eligibility.scaled_mm_plan(a, b, sa, sb, None, None, torch.bfloat16) == served
+    with pytest.raises(MXInputError, match="with NO_SWIZZLE"):
+        eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, False))
+    parsed = len(parses)
+    with pytest.raises(MXInputError, match="with NO_SWIZZLE"):
+        eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, False))
+    assert len(parses) == parsed + 1
+    sliced = eligibility.scaled_mm_v2_plan(*_v2_args(a[:16], b, sa, sb, True))   # 16 rows, 32 rows' scales
+    assert isinstance(sliced, eligibility.MXProblem) and sliced.m == 16
+
+
+def test_verdicts_of_cpu_calls_are_not_kept(on_hopper, monkeypatch):
+    monkeypatch.setattr(eligibility, "_plans", {})
+    a, b, sa, sb = _operands("mxfp8", 16, 32, 256)
+    eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, False))
+    assert eligibility._plans == {}
+
+
 def _defaults(fn):
     return {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
 

@@ -151,11 +151,51 @@ def _device_reason(*tensors: torch.Tensor) -> str | None:
     return None
 
 
+# Verdicts of CUDA calls by everything they depend on (tensor metadata, the other arguments, the
+# operands' 16-byte alignment), so a repeated call only builds its key: on the 2-core CPU box
+# (scripts/mx_predicate_host.py, MXFP8 32x4096x4096) 10.1 us a call computed, 2.8 kept; on the
+# H200's host the predicate took 60 of 228 us under cProfile (BENCHMARKS.md session 19).
+MAX_PLANS = 1024
+_plans: dict = {}
+
+
+def _keeps_plans(t: torch.Tensor) -> bool:
+    """Whether a call's verdict is kept: CUDA calls only (CPU tests mock the device check)."""
+    return t.is_cuda
+
+
+def _meta(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _kept(key, decide, *args):
+    """``decide(*args)``'s verdict for ``key``, kept unless it raised (a malformed call raises
+    every time)."""
+    verdict = _plans.get(key)
+    if verdict is None:
+        verdict = decide(*args)
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = verdict
+    return verdict
+
+
 def scaled_mm_v2_plan(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None,
                       out_dtype=None, contraction_dim=(), use_fast_accum=False) -> MXProblem | str:
     """Predicate for ``aten::_scaled_mm_v2``: the ``MXProblem`` tilefly serves, which the router
     hands to ``eager.scaled_mm_v2_served`` (no second parse), or the reason it declines. Raises
     ``MXInputError`` on malformed MX calls on sm_90."""
+    args = (self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias, out_dtype, contraction_dim)
+    if not (_keeps_plans(self) and len(scale_a) == 1 and len(scale_b) == 1):
+        return _v2_verdict(*args)
+    key = ("v2", _meta(self), _meta(mat2), _meta(scale_a[0]), _meta(scale_b[0]), _meta(bias), tuple(recipe_a),
+           tuple(recipe_b), tuple(swizzle_a or ()), tuple(swizzle_b or ()), out_dtype, tuple(contraction_dim),
+           (self.data_ptr() | mat2.data_ptr()) % TMA_ALIGN)
+    return _kept(key, _v2_verdict, *args)
+
+
+def _v2_verdict(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias, out_dtype,
+                contraction_dim) -> MXProblem | str:
     if list(recipe_a) != [BLOCKWISE_1X32] or list(recipe_b) != [BLOCKWISE_1X32]:
         return f"recipes {list(recipe_a)} x {list(recipe_b)} are not MX (BlockWise1x32 = {BLOCKWISE_1X32})"
     if len(scale_a) != 1 or len(scale_b) != 1:
@@ -172,6 +212,15 @@ def scaled_mm_plan(self, mat2, scale_a, scale_b, bias=None, scale_result=None, o
     """Predicate for the legacy ``aten::_scaled_mm``: MX when both scales are E8M0, which ATen
     reads in the SWIZZLE_32_4_4 layout. Returns the ``MXProblem`` served or the reason it declines
     (raises ``MXInputError`` on malformed MX calls on sm_90)."""
+    args = (self, mat2, scale_a, scale_b, bias, scale_result, out_dtype)
+    if not _keeps_plans(self):
+        return _legacy_verdict(*args)
+    key = ("legacy", _meta(self), _meta(mat2), _meta(scale_a), _meta(scale_b), _meta(bias), _meta(scale_result),
+           out_dtype, (self.data_ptr() | mat2.data_ptr()) % TMA_ALIGN)
+    return _kept(key, _legacy_verdict, *args)
+
+
+def _legacy_verdict(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype) -> MXProblem | str:
     if scale_a.dtype != torch.float8_e8m0fnu or scale_b.dtype != torch.float8_e8m0fnu:
         return f"scales {scale_a.dtype} x {scale_b.dtype} are not MX (float8_e8m0fnu)"
     reason = _device_reason(self, mat2, scale_a, scale_b)
