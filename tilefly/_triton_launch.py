@@ -128,9 +128,9 @@ class CachedLaunch:
                 args = list(args)
                 for i, value in replace:
                     args[flat.at[i]] = value
-            grid = self.grid
-            flat.launch(grid[0], grid[1], grid[2], stream, flat.function, flat.coop, flat.pdl, None, None,
-                        flat.meta, None, None, None, *args)
+            grid, d = self.grid, flat.direct
+            d.launch(grid[0], grid[1], grid[2], stream, d.function, d.coop, d.pdl, None, None, d.meta,
+                     None, None, None, *args)
             return
         args = self.args
         if replace:
@@ -152,9 +152,10 @@ FLAT_LAUNCH = os.environ.get("TILEFLY_FLAT_LAUNCH") == "1"
 
 class Flat:
     """A kernel's arguments as Triton 3.6's C launcher takes them: ``args`` flattened (each TMA
-    descriptor as its encoded tensor map, shape and strides), ``at[i]`` where parameter i went."""
+    descriptor as its encoded tensor map, shape and strides), ``at[i]`` where parameter i went,
+    and ``direct`` the ``Direct`` of the C launcher itself."""
 
-    __slots__ = ("launch", "function", "meta", "coop", "pdl", "args", "at")
+    __slots__ = ("direct", "args", "at")
 
 
 def c_launcher(run):
@@ -171,15 +172,9 @@ def c_launcher(run):
 
 def flat_launch(compiled, args) -> Flat | None:
     """A ``Flat`` for a ``CompiledKernel`` and its parameters (as ``CachedLaunch`` keeps them), or
-    None: another Triton, a kernel with global or profile scratch, or a launcher not found."""
-    import triton
-
-    if not triton.__version__.startswith("3.6.") or not hasattr(compiled, "packed_metadata"):
-        return None
-    run = compiled.run
-    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
-        return None
-    launch = c_launcher(run)
+    None where ``direct`` would be (another Triton, scratch) or the C launcher is not found."""
+    run = _direct_run(compiled)
+    launch = None if run is None else c_launcher(run)
     if launch is None:
         return None
     from triton.backends.nvidia import driver
@@ -196,8 +191,7 @@ def flat_launch(compiled, args) -> Flat | None:
             flat.args.extend(driver.make_tensordesc_arg(value, descriptor_meta.pop(0)))
         else:
             flat.args.append(value)
-    flat.launch, flat.function, flat.meta = launch, compiled.function, compiled.packed_metadata
-    flat.coop, flat.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
+    flat.direct = _make_direct(compiled, run, launch)
     return flat
 
 
@@ -259,14 +253,26 @@ class Direct:
 
 def direct(compiled) -> Direct | None:
     """A ``Direct`` for a ``CompiledKernel`` (its handles loaded), or None where unsupported."""
+    run = _direct_run(compiled)
+    return None if run is None else _make_direct(compiled, run, run.launch)
+
+
+def _direct_run(compiled):
+    """``compiled.run`` (loading the module and building the launcher on first access) where its
+    C launcher may be called directly: Triton 3.6, a ``CompiledKernel`` (not the interpreter's
+    launches), no global or profile scratch. None elsewhere."""
     import triton
 
     if not triton.__version__.startswith("3.6.") or not hasattr(compiled, "packed_metadata"):
-        return None  # another Triton, or not a CompiledKernel (the interpreter's launches)
-    run = compiled.run  # loads the module and builds the launcher on first access
-    launch = getattr(run, "launch", None)
-    if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None
+    run = compiled.run
+    if getattr(run, "launch", None) is None or getattr(run, "global_scratch_size", 1) or \
+            getattr(run, "profile_scratch_size", 1):
+        return None
+    return run
+
+
+def _make_direct(compiled, run, launch) -> Direct:
     d = Direct()
     d.launch, d.function, d.meta = launch, compiled.function, compiled.packed_metadata
     d.coop, d.pdl = getattr(run, "launch_cooperative_grid", False), getattr(run, "launch_pdl", False)
