@@ -89,6 +89,11 @@ OPTIONS: tuple[Option, ...] = (
            "MX GEMMs of at least 4096 x 4096 with BF16 output: requantize both operands to one E4M3 scale "
            "per row and run PyTorch's row-scaled FP8 GEMM. Not exact: a block far below its row's largest "
            "scale loses low bits (scripts/mx_requant_error.py)."),
+    Option("mx_upcast", "TILEFLY_MX_UPCAST", _choice("auto", "always", "never"), "auto",
+           "MX GEMMs through BF16: both operands upcast by a tilefly kernel, then torch.mm (exact for scales "
+           "within 2^+-117 of 1, rescaled beyond). 'auto' takes it where M and N are both large enough "
+           "for the product to outweigh the weight stream (ops/mx_gemm/upcast.py); 'always' and 'never' "
+           "force the choice."),
 )
 
 # Module attributes, filled by reload(); declared for readers and type checkers.
@@ -101,6 +106,7 @@ gemm_autotune: str
 attention_db: str | None
 attention_routes: str
 mx_requantize: bool
+mx_upcast: str
 
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}

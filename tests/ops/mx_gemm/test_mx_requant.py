@@ -38,6 +38,7 @@ def test_the_eager_op_takes_the_requantizing_path_when_it_serves(monkeypatch):
     monkeypatch.setattr(requant, "run", lambda p, *args: taken.append(("requant", p.m)) or args[4])
     monkeypatch.setattr(launch, "run", lambda p, *args: taken.append(("kernel", p.m)) or args[4])
     monkeypatch.setattr(requant, "MIN_SIDE", 512)    # CPU-sized operands
+    monkeypatch.setattr(config, "mx_upcast", "never")  # test_mx_upcast.py has the three-way order
     for m, on in ((1024, True), (1024, False), (64, True)):
         monkeypatch.setattr(config, "mx_requantize", on)
         a, sa = mx.quantize(torch.randn(m, 512), "mxfp8")

@@ -4,7 +4,8 @@
 b is K x N column-major (``b_nk.t()``), scales (M, K/32) and (N, K/32) unswizzled E8M0, as the
 suite passes them. Each ``fn()`` writes BF16 M x N into an output allocated once (timing sees
 the kernel, not the allocator); configs that fail are logged and left out. With
-``tilefly.config.mx_requantize`` on, the requantizing path (requant.py) races too where it serves.
+``tilefly.config.mx_requantize`` on, the requantizing path (requant.py) races too where it serves;
+so does the BF16 route (upcast.py) wherever ``tilefly.config.mx_upcast`` sends the shape.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ _log = logging.getLogger("tilefly.mx_gemm")
 
 def tilefly_providers(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                       fmt: str, swizzled: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
-    from tilefly.ops.mx_gemm import launch, requant
+    from tilefly.ops.mx_gemm import launch, requant, upcast
 
     p = eligibility.parse(a, b, scale_a, scale_b, swizzled, swizzled)
     if p.fmt != fmt:
@@ -38,4 +39,7 @@ def tilefly_providers(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
         providers[cfg.name] = lambda cfg=cfg: launch.run(p, a, b, scale_a, scale_b, out, cfg=cfg)
     if requant.serves(p, out.dtype):  # TILEFLY_MX_REQUANTIZE=1: the path F.scaled_mm then takes here
         providers["requant"] = lambda: requant.run(p, a, b, scale_a, scale_b, out)
+    if upcast.serves(p, out.dtype):  # where F.scaled_mm takes the BF16 route (TILEFLY_MX_UPCAST)
+        upcast.run(p, a, b, scale_a, scale_b, out)
+        providers["upcast"] = lambda: upcast.run(p, a, b, scale_a, scale_b, out)
     return providers

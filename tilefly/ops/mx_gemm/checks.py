@@ -1,6 +1,8 @@
-"""CI checks of the requantization path in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors):
-the kernel against a torch transcription of its rule, and ``requant.run`` end to end (PyTorch's
-row-scaled ``_scaled_mm`` runs on CPU) against the float64 product of the dequantized operands."""
+"""CI checks of the requantization and upcast paths in Triton's interpreter (TRITON_INTERPRET=1, CPU
+tensors): the requantization kernel against a torch transcription of its rule, ``requant.run`` end
+to end (PyTorch's row-scaled ``_scaled_mm`` runs on CPU) and ``upcast.run`` (every output dtype,
+bias, extreme and NaN scales, both scale layouts) against the float64 product of the dequantized
+operands."""
 from __future__ import annotations
 
 import functools
@@ -19,6 +21,12 @@ def interpreter_checks():
     checks = [(name, functools.partial(_check_rows, *args)) for name, *args in cases]
     checks += [(f"requant_run[{fmt},{'swizzled' if swz else 'plain'}]", functools.partial(_check_run, fmt, swz))
                for fmt, swz in (("mxfp8", False), ("mxfp4", True))]
+    upcasts = [("mxfp8", False, "plain", "bf16", False), ("mxfp4", True, "plain", "bf16", False),
+               ("mxfp8", True, "extreme", "bf16", False), ("mxfp4", False, "extreme", "fp16", True),
+               ("mxfp8", False, "spread", "fp32", True), ("mxfp8", False, "nan", "bf16", False)]
+    checks += [(f"upcast_run[{fmt},{'swizzled' if swz else 'plain'},{scales},{out},bias={int(bias)}]",
+                functools.partial(_check_upcast, fmt, swz, scales, out, bias))
+               for fmt, swz, scales, out, bias in upcasts]
     return checks
 
 
@@ -37,6 +45,8 @@ def _operand(fmt: str, rows: int, k: int, scales: str, seed: int):
         bits[1, 2] = 255
     elif scales == "extreme":
         bits[0, 0], bits[0, 1], bits[1, 3] = 254, 0, 0
+    elif scales == "huge":       # whole rows at 2^+-120: only their row scale keeps them finite
+        bits[0], bits[1] = 247, 7
     return data, bits
 
 
@@ -86,3 +96,51 @@ def _check_run(fmt: str, swizzled: bool) -> None:
     err = (out.double() - ref).abs().max() / ref.abs().max()
     if not err < 2.0 ** -7:
         raise AssertionError(f"requantized product off by {err.item():.2e} of max|C|")
+
+
+def _check_upcast(fmt: str, swizzled: bool, scales: str, out_name: str, bias: bool) -> None:
+    """upcast.run against the float64 product, element by element: |C - ref| within the output
+    dtype's rounding of (|A| |B|^T)_ij. "extreme" gives rows 0 and 1 of A scales 2^+120 and 2^-120
+    and rows 0 and 1 of B the opposite: C[0, 0] and C[1, 1] are ordinary numbers made of values
+    outside BF16's range; products that overflow or underflow the output dtype are left out."""
+    import torch
+
+    from tilefly import mx
+    from tilefly.ops.mx_gemm import upcast
+    from tilefly.ops.mx_gemm.eligibility import MXProblem
+
+    m, n, k = 40, 24, 320
+    qa, sa = _operand(fmt, m, k, "huge" if scales == "extreme" else scales, seed=3)
+    qb, sb = _operand(fmt, n, k, "spread" if scales == "spread" else "plain", seed=4)
+    if scales == "extreme":
+        sb[0], sb[1] = 7, 247
+
+    def values(q, s):
+        unit = mx.dequantize(q, torch.full_like(s, 127).view(torch.float8_e8m0fnu), fmt, swizzle="none")
+        return unit.double() * torch.exp2(s.double() - 127).repeat_interleave(32, 1)
+
+    va, vb = values(qa, sa), values(qb, sb)
+    ref, bound = va @ vb.T, va.abs() @ vb.abs().T
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_name]
+    vec = torch.randn(n).to(dtype) if bias else None
+    if vec is not None:
+        ref, bound = ref + vec.double(), bound + vec.double().abs()
+    if swizzled:
+        sa, sb = mx.layout.to_blocked(sa), mx.layout.to_blocked(sb)
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    upcast.run(MXProblem(fmt, m, n, k, swizzled, swizzled), qa, qb.t(), sa, sb, out, vec)
+    got = out.double()
+    info = torch.finfo(dtype)
+    judged = (bound < info.max / 2) & (bound > info.tiny * 2 ** 10)
+    if scales == "nan":
+        if not got[1].isnan().all():
+            raise AssertionError("a NaN scale did not make its row of the product NaN")
+        judged[1] = False
+    if scales == "extreme" and not (judged[0, 0] and judged[1, 1]):
+        raise AssertionError("the check lost the products of extreme scales it is about")
+    if got[judged].isnan().any():
+        raise AssertionError("NaN where the product is finite (an unwritten or overflowed element)")
+    err = ((got - ref).abs() / bound)[judged].max()
+    tol = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -16}[out_name] * 1.01
+    if not err < tol:
+        raise AssertionError(f"upcast product off by {err.item():.2e} of |A||B| (tolerance {tol:.1e})")

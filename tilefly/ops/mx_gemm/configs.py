@@ -244,7 +244,7 @@ def compile_specs():
             name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
             kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
             num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
-    return specs + requant_specs()
+    return specs + requant_specs() + upcast_specs()
 
 
 def requant_specs():
@@ -264,6 +264,52 @@ def requant_specs():
             specs.append(KernelSpec(f"mx_gemm.requant[{fmt},K={k}]", _requant_kernel, sig, constexprs,
                                     attrs=aligned, num_warps=4, sass_must_contain=("F2FP.SATFINITE.E4M3", "STG.E.128")))
     return specs
+
+
+def upcast_specs():
+    """The BF16 route's kernels (kernels_upcast.py): the upcast for both formats and scale layouts at
+    K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for each output dtype,
+    in place (BF16) and from the FP32 product with a bias."""
+    from tilefly.compile_check import KernelSpec
+    from tilefly.ops.mx_gemm import upcast
+
+    sig = {"q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*bf16", "row_scale_ptr": "*fp32", "n_rows": "i32", "K": "i32",
+           "stride_q": "i32", "stride_sr": "i32", "stride_sc": "i32", "stride_out": "i32", "FP4": "constexpr",
+           "SWIZZLED": "constexpr", "ROWS": "constexpr", "BLOCKS": "constexpr"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6, 9)}
+    specs = []
+    for fmt in FORMATS:
+        for swizzled in (False, True):
+            for k in (4096, 256):
+                blocks = min(k // SCALE_BLOCK, upcast.CHUNK // SCALE_BLOCK)
+                constexprs = dict(FP4=fmt == "mxfp4", SWIZZLED=swizzled, ROWS=upcast.CHUNK // SCALE_BLOCK // blocks,
+                                  BLOCKS=blocks)
+                specs.append(KernelSpec(f"mx_gemm.upcast[{fmt},swz={int(swizzled)},K={k}]", _upcast_kernel, sig,
+                                        constexprs, attrs=aligned, num_warps=4))
+    block_m, block_n = upcast.RESCALE_TILE
+    for c, out, bias, always in (("bf16", "bf16", 0, 0), ("fp32", "bf16", 1, 1), ("fp32", "fp16", 0, 1),
+                                 ("fp32", "fp32", 1, 1)):
+        sig = {"c_ptr": f"*{c}", "out_ptr": f"*{out}", "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32",
+               "bias_ptr": f"*{out}", "M": "i32", "N": "i32", "stride_c": "i32", "stride_out": "i32",
+               "stride_bias": "i32", "BIAS": "constexpr", "ALWAYS": "constexpr", "BLOCK_M": "constexpr",
+               "BLOCK_N": "constexpr"}
+        constexprs = dict(BIAS=bool(bias), ALWAYS=always, BLOCK_M=block_m, BLOCK_N=block_n)
+        specs.append(KernelSpec(f"mx_gemm.rescale[{c}->{out},bias={bias},always={always}]", _rescale_kernel, sig,
+                                constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 7, 8)},
+                                num_warps=8))
+    return specs
+
+
+def _upcast_kernel():
+    from tilefly.ops.mx_gemm import kernels_upcast
+
+    return kernels_upcast.mx_upcast_rows_kernel
+
+
+def _rescale_kernel():
+    from tilefly.ops.mx_gemm import kernels_upcast
+
+    return kernels_upcast.mx_rescale_kernel
 
 
 def _requant_kernel():

@@ -1,0 +1,105 @@
+"""MX GEMMs through PyTorch's BF16 GEMM: the route for shapes where the product, not the weight
+stream, sets the time.
+
+The exact kernels (kernels_v2) promote an FP32 partial every 32 K, which costs more issue slots than
+the FP8 MMA it scales: they reach ~100-130 TFLOP/s on the H200 where cuBLAS's BF16 GEMM reaches
+~700. Where the operands are read once per several output tiles (both sides of the product at least
+``MIN_SIDE``), tilefly instead upcasts both operands to BF16 (kernels_upcast.py: one pass over the MX
+bytes, exact for every row whose scales lie within 2^+-117 of 1, a per-row power-of-two scale
+otherwise), multiplies them with ``torch.mm`` and rescales the rows and columns that carried a
+scale. This is what the stock path (dequantize, then ``torch.mm``) computes, with the dequantization
+in one kernel per operand and no extremes lost: a row whose scales reach 2^127 or 2^-127 is
+upcast relative to its largest scale and its product rescaled in FP32.
+
+Output: BF16 without bias goes straight from the GEMM into ``out`` (rescaled in place where needed);
+FP16 and FP32 outputs and a bias take the GEMM's FP32 product through one more pass (cast, scale,
+bias), so the result is rounded once, as the exact kernels round it.
+"""
+from __future__ import annotations
+
+import torch
+
+from tilefly import config
+from tilefly.ops.mx_gemm.eligibility import MXProblem
+
+# The smaller of M and N at least this (both formats). Set from the mxfp_gemm suite on the H200.
+MIN_SIDE = 128
+SCALE_BLOCK = 32
+CHUNK = 4096                 # values an upcast program converts a step: 32 a thread over 4 warps
+RESCALE_TILE = (32, 256)     # rows x columns a rescale program covers, 8 warps
+
+_plans: dict = {}
+
+
+def serves(p: MXProblem, out_dtype: torch.dtype) -> bool:
+    """Whether this call takes the upcast route (``tilefly.config.mx_upcast``: 'auto' by shape)."""
+    mode = config.mx_upcast
+    if mode == "auto":
+        return min(p.m, p.n) >= MIN_SIDE
+    return mode == "always"
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def upcast_rows(q: torch.Tensor, scale: torch.Tensor, rows: int, k: int, fp4: bool,
+                swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(BF16 [rows, k], FP32 row scales [rows]) with q [rows, k] E4M3 (or [rows, k / 2] packed E2M1
+    bytes) row-major: ``out[r] * row_scale[r]`` is row r of the dequantized operand."""
+    from tilefly import _triton_launch
+    from tilefly.ops.mx_gemm.kernels_upcast import mx_upcast_rows_kernel
+
+    out = torch.empty(rows, k, dtype=torch.bfloat16, device=q.device)
+    row_scale = torch.empty(rows, dtype=torch.float32, device=q.device)
+    q, s = q.view(torch.uint8), scale.view(torch.uint8)
+    stride_sr, stride_sc = (0, 0) if swizzled else (s.stride(0), s.stride(1))
+    blocks = min(_pow2_at_least(k // SCALE_BLOCK), CHUNK // SCALE_BLOCK)
+    per_program = CHUNK // SCALE_BLOCK // blocks
+    grid = (-(-rows // per_program),)
+    args = (q, s, out, row_scale, rows, k, q.stride(0), stride_sr, stride_sc, out.stride(0))
+    constexprs = dict(FP4=fp4, SWIZZLED=swizzled, ROWS=per_program, BLOCKS=blocks, num_warps=4)
+    _triton_launch.launch_cached(_plans, None, mx_upcast_rows_kernel, lambda: (grid, args, constexprs),
+                                 q.device.index if q.is_cuda else 0)
+    return out, row_scale
+
+
+def rescale(c: torch.Tensor, out: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+            bias: torch.Tensor | None, always: bool) -> None:
+    """out = c * scale_a[:, None] * scale_b[None, :] (+ bias), cast to out's dtype; tiles whose
+    scales are all 1 are skipped unless ``always`` (c is then ``out`` itself)."""
+    from tilefly import _triton_launch
+    from tilefly.ops.mx_gemm.kernels_upcast import mx_rescale_kernel
+
+    m, n = out.shape
+    block_m, block_n = RESCALE_TILE
+    grid = (-(-m // block_m), -(-n // block_n))
+    bias_arg = out if bias is None else bias
+    args = (c, out, scale_a, scale_b, bias_arg, m, n, c.stride(0), out.stride(0),
+            0 if bias is None else bias.stride(0))
+    constexprs = dict(BIAS=bias is not None, ALWAYS=int(always), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8)
+    _triton_launch.launch_cached(_plans, None, mx_rescale_kernel, lambda: (grid, args, constexprs),
+                                 out.device.index if out.is_cuda else 0)
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with FP32 output from BF16 operands (ATen's ``mm.dtype`` is CUDA-only; on CPU the
+    FP32 product of the BF16 values is the same thing)."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+        out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """out = scaled_mm(a, b) (+ bias) through BF16; a is M x K row-major, b K x N column-major, as
+    eligibility.parse accepted them; out M x N contiguous."""
+    fp4 = p.fmt == "mxfp4"
+    a16, ra = upcast_rows(a, scale_a, p.m, p.k, fp4, p.swizzled_a)
+    b16, rb = upcast_rows(b.t(), scale_b, p.n, p.k, fp4, p.swizzled_b)
+    if out.dtype == torch.bfloat16 and bias is None:
+        torch.mm(a16, b16.t(), out=out)
+        rescale(out, out, ra, rb, None, always=False)
+    else:
+        rescale(_mm_fp32(a16, b16.t()), out, ra, rb, bias, always=True)
+    return out
