@@ -156,3 +156,57 @@ def test_flat_launch_declines_what_it_cannot_flatten():
     compiled.metadata.tensordesc_meta = None
     a = torch.zeros(16, 64, dtype=torch.bfloat16)
     assert _triton_launch.flat_launch(compiled, [_desc(a)]) is None
+
+
+class _FakeTensor:
+    """What launch_direct asks of a tensor: its device and address."""
+
+    def __init__(self, ptr, cuda=True):
+        self.ptr, self.is_cuda = ptr, cuda
+
+    def get_device(self):
+        return 0 if self.is_cuda else -1
+
+    def data_ptr(self):
+        return self.ptr
+
+
+def test_launch_direct_replays_a_specialization_through_the_c_launcher(monkeypatch):
+    jit_calls, direct_calls = [], []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: jit_calls.append((grid, args, kw)) or "compiled"
+
+    kernel = Kernel()
+
+    def kernel_of():                     # the cache keys on it: one function, as callers pass
+        return kernel
+
+    monkeypatch.setattr(_triton_launch, "direct",
+                        lambda compiled: (lambda g0, g1, stream, args: direct_calls.append((g0, g1, args))))
+    monkeypatch.setattr(_triton_launch, "current_stream", lambda index: 7)
+    monkeypatch.setattr(_triton_launch, "hooks_active", lambda: False)
+    cache = {}
+
+    def launch(ptr, n):
+        _triton_launch.launch_direct(cache, kernel_of, (3, 1), (_FakeTensor(ptr),), (n, 32), {"FP4": True},
+                                     num_warps=4)
+
+    launch(4096, 64)
+    launch(8192, 80)                     # same specialization: the C launcher, new values
+    launch(4104, 64)                     # pointer not 16-byte aligned: a new specialization
+    launch(4096, 1)                      # an integer equal to 1 is specialized too
+    assert len(jit_calls) == 3 and jit_calls[0][0] == (3, 1) and jit_calls[0][2] == {"FP4": True, "num_warps": 4}
+    assert direct_calls == [(3, 1, (8192, 80, 32, True))]
+
+
+def test_launch_direct_keeps_nothing_for_cpu_tensors(monkeypatch):
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: None
+
+    monkeypatch.setattr(_triton_launch, "direct", lambda compiled: pytest.fail("no direct launch on CPU"))
+    cache = {}
+    _triton_launch.launch_direct(cache, lambda: Kernel(), (1, 1), (_FakeTensor(0, cuda=False),), (5,), {}, num_warps=4)
+    assert cache == {}

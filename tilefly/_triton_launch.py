@@ -140,13 +140,13 @@ class CachedLaunch:
         run_compiled(self.compiled, self.grid, stream, args)
 
 
-# Off until the GPU tests have run with it (they did not finish inside session 19's last device
-# call). Host time of an eager MXFP8 F.scaled_mm of 32x4096x4096 (scripts/mx_decode_probe.py
-# --host-profile): 111.7 us a call at 88539dc, 68.9 with it at 00d4714, on two different H200
-# machines, so not a controlled comparison; under cProfile Triton's wrapper and descriptor
-# encoding took 45 of 228 us at 88539dc.
-# TILEFLY_FLAT_LAUNCH=1 turns it on for a GPU test run; False sends every CachedLaunch through
-# run_compiled (Triton's own launch path).
+# Off: no measured gain. The GEMM GPU tests pass with it on (session 20, 565 passed), but host time of
+# an eager MXFP8 F.scaled_mm of 32x4096x4096 (scripts/mx_decode_probe.py --host-profile, on and off
+# alternating in one device call, two rounds) was 66.5 and 74.4 us a call with it against 52.6 and
+# 63.8 without. Under cProfile it halves the time spent launching (59 against 104 ms over 2000
+# calls), so whatever it saves is below the host's run-to-run noise.
+# TILEFLY_FLAT_LAUNCH=1 turns it on; False sends every CachedLaunch through run_compiled (Triton's
+# own launch path).
 FLAT_LAUNCH = os.environ.get("TILEFLY_FLAT_LAUNCH") == "1"
 
 
@@ -239,6 +239,28 @@ def _jit_launch(kernel, built, build, index: int) -> "CachedLaunch | None":
     if compiled is None or capturing():
         return None
     return CachedLaunch(compiled, kernel.arg_names, args, constexprs, grid, index)
+
+
+def launch_direct(cache: dict, kernel_of, grid: tuple[int, int], tensors: tuple, ints: tuple, constexprs: dict,
+                  num_warps: int) -> None:
+    """``kernel_of()[grid](*tensors, *ints, **constexprs, num_warps=num_warps)`` for a plain Triton kernel
+    whose parameters are exactly ``tensors`` (pointers), then ``ints``, then ``constexprs``, in that
+    order. The first call of a specialization (what Triton specializes on: 16-byte alignment of
+    pointers and integers, integers equal to 1, the constexprs) goes through the JIT; later calls go
+    straight to Triton's C launcher (``direct``), a few microseconds instead of the JIT's tens. Where
+    ``direct`` cannot serve (another Triton, a launch hook, CPU tensors) every call takes the JIT."""
+    index = tensors[0].get_device()
+    ptrs = tuple(t.data_ptr() for t in tensors)
+    key = (kernel_of, index, tuple(p % 16 == 0 for p in ptrs), tuple((i % 16 == 0, i == 1) for i in ints),
+           tuple(constexprs.items()), num_warps)
+    launch = cache.get(key)
+    if launch is not None and not hooks_active():
+        launch(grid[0], grid[1], current_stream(index), (*ptrs, *ints, *constexprs.values()))
+        return
+    compiled = kernel_of()[grid](*tensors, *ints, **constexprs, num_warps=num_warps)
+    launch = direct(compiled) if tensors[0].is_cuda else None
+    if launch is not None:
+        cache[key] = launch
 
 
 class Direct:

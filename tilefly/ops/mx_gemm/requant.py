@@ -54,30 +54,23 @@ def requantize_rows(q: torch.Tensor, exponents: torch.Tensor, k: int, fp4: bool)
     return out.view(torch.float8_e4m3fn), row_scale
 
 
-# Compiled requantization kernels by what Triton specializes on (16-byte alignment of pointers and
-# integers, integers equal to 1) and the constexprs; later calls skip Triton's Python launch path
-# (tens of microseconds, more than the kernel on a 512-row operand) through its C launcher.
+# Compiled requantization kernels, replayed through Triton's C launcher (_triton_launch.launch_direct):
+# its Python launch path costs tens of microseconds, more than the kernel on a 512-row operand.
 _launches: dict[tuple, Any] = {}
+
+
+def _requant_kernel():
+    from tilefly.ops.mx_gemm.kernels_requant import mx_requant_rows_kernel
+
+    return mx_requant_rows_kernel
 
 
 def _launch(rows: int, tensors: tuple, ints: tuple, constexprs: tuple) -> None:
     from tilefly import _triton_launch
 
-    index = tensors[0].get_device()
-    ptrs = tuple(t.data_ptr() for t in tensors)
-    key = (index, tuple(p % 16 == 0 for p in ptrs), tuple((i % 16 == 0, i == 1) for i in ints), constexprs)
-    launch = _launches.get(key)
-    if launch is not None and not _triton_launch.hooks_active():
-        launch(rows, 1, _triton_launch.current_stream(index), (*ptrs, *ints, *constexprs))
-        return
-    from tilefly.ops.mx_gemm.kernels_requant import mx_requant_rows_kernel
-
     fp4, block_kb, chunk = constexprs
-    compiled = mx_requant_rows_kernel[(rows,)](*tensors, *ints, FP4=fp4, BLOCK_KB=block_kb, CHUNK=chunk,
-                                               num_warps=4)
-    direct = _triton_launch.direct(compiled) if tensors[0].is_cuda else None
-    if direct is not None:
-        _launches[key] = direct
+    _triton_launch.launch_direct(_launches, _requant_kernel, (rows, 1), tensors, ints,
+                                 dict(FP4=fp4, BLOCK_KB=block_kb, CHUNK=chunk), num_warps=4)
 
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
