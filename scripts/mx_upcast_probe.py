@@ -3,9 +3,11 @@
 Per mxfp_gemm case (or --cases): the upcast pass of A and of B alone, the whole route (upcast.run),
 the fastest exact config (launch.run over configs.offered), BF16 torch.mm for scale; each timed with
 tilefly.bench.timing.measure (L2 flushed, median). Also checks the route's output against the float64
-product of the dequantized operands. One line per case; --json keeps the rows.
+product of the dequantized operands. One line per case; --json keeps the rows. --profile instead
+runs 20 back-to-back calls of the route per case under torch.profiler and prints each kernel's GPU
+time and the calls' host time (where the route's time goes when it is not the kernels).
 
-    python scripts/mx_upcast_probe.py [--cases 0,14,...] [--json FILE]
+    python scripts/mx_upcast_probe.py [--cases 0,14,...] [--json FILE] [--profile]
 """
 from __future__ import annotations
 
@@ -33,10 +35,30 @@ def _exact_best(p, a, b, out) -> tuple[float, str]:
     return best
 
 
+def _profile(label: str, fn) -> None:
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        host = (time.perf_counter() - t0) / 20 * 1e6
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / 20 * 1e6
+    print(f"== {label}: host {host:.1f} us a call, wall {wall:.1f} us a call (20 back to back, L2 warm)")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=60))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", help="comma-separated case indices of the mxfp_gemm suite (default: all)")
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     cases = mxfp_gemm.cases()
     if args.cases:
@@ -50,6 +72,9 @@ def main() -> None:
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         fp4 = fmt == "mxfp4"
         upcast.run(p, a.data, b.data.t(), a.scale, b.scale, out)
+        if args.profile:
+            _profile(f"{fmt} {m}x{n}x{k}", lambda: upcast.run(p, a.data, b.data.t(), a.scale, b.scale, out))
+            continue
         ref = mx.dequantize(a.data, a.scale, fmt).double() @ mx.dequantize(b.data, b.scale, fmt).double().T
         err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
         us = lambda fn: measure(fn, QUICK).median_us  # noqa: E731

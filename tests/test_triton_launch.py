@@ -161,8 +161,8 @@ def test_flat_launch_declines_what_it_cannot_flatten():
 class _FakeTensor:
     """What launch_direct asks of a tensor: its device and address."""
 
-    def __init__(self, ptr, cuda=True):
-        self.ptr, self.is_cuda = ptr, cuda
+    def __init__(self, ptr, cuda=True, dtype=torch.bfloat16):
+        self.ptr, self.is_cuda, self.dtype = ptr, cuda, dtype
 
     def get_device(self):
         return 0 if self.is_cuda else -1
@@ -189,15 +189,16 @@ def test_launch_direct_replays_a_specialization_through_the_c_launcher(monkeypat
     monkeypatch.setattr(_triton_launch, "hooks_active", lambda: False)
     cache = {}
 
-    def launch(ptr, n):
-        _triton_launch.launch_direct(cache, kernel_of, (3, 1), (_FakeTensor(ptr),), (n, 32), {"FP4": True},
-                                     num_warps=4)
+    def launch(ptr, n, dtype=torch.bfloat16):
+        _triton_launch.launch_direct(cache, kernel_of, (3, 1), (_FakeTensor(ptr, dtype=dtype),), (n, 32),
+                                     {"FP4": True}, num_warps=4)
 
     launch(4096, 64)
     launch(8192, 80)                     # same specialization: the C launcher, new values
     launch(4104, 64)                     # pointer not 16-byte aligned: a new specialization
     launch(4096, 1)                      # an integer equal to 1 is specialized too
-    assert len(jit_calls) == 3 and jit_calls[0][0] == (3, 1) and jit_calls[0][2] == {"FP4": True, "num_warps": 4}
+    launch(4096, 64, torch.float32)      # so is the pointer's element type
+    assert len(jit_calls) == 4 and jit_calls[0][0] == (3, 1) and jit_calls[0][2] == {"FP4": True, "num_warps": 4}
     assert direct_calls == [(3, 1, (8192, 80, 32, True))]
 
 

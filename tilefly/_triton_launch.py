@@ -245,13 +245,15 @@ def launch_direct(cache: dict, kernel_of, grid: tuple[int, int], tensors: tuple,
                   num_warps: int) -> None:
     """``kernel_of()[grid](*tensors, *ints, **constexprs, num_warps=num_warps)`` for a plain Triton kernel
     whose parameters are exactly ``tensors`` (pointers), then ``ints``, then ``constexprs``, in that
-    order. The first call of a specialization (what Triton specializes on: 16-byte alignment of
-    pointers and integers, integers equal to 1, the constexprs) goes through the JIT; later calls go
+    order. The first call of a specialization (what Triton specializes on: the pointers' dtypes and
+    16-byte alignment, integers' 16-byte divisibility and equality to 1, the constexprs) goes through
+    the JIT; later calls go
     straight to Triton's C launcher (``direct``), a few microseconds instead of the JIT's tens. Where
     ``direct`` cannot serve (another Triton, a launch hook, CPU tensors) every call takes the JIT."""
     index = tensors[0].get_device()
     ptrs = tuple(t.data_ptr() for t in tensors)
-    key = (kernel_of, index, tuple(p % 16 == 0 for p in ptrs), tuple((i % 16 == 0, i == 1) for i in ints),
+    key = (kernel_of, index, tuple(t.dtype for t in tensors), tuple(p % 16 == 0 for p in ptrs),
+           tuple((i % 16 == 0, i == 1) for i in ints),
            tuple(constexprs.items()), num_warps)
     launch = cache.get(key)
     if launch is not None and not hooks_active():
