@@ -1,6 +1,6 @@
 """Where the MX BF16 route (tilefly.ops.mx_gemm.upcast) beats the exact kernels, and by how much.
 
-Per mxfp_gemm case (or --cases): the upcast pass of A and of B alone, the whole route (upcast.run),
+Per mxfp_gemm case (or --cases): the upcast pass of both operands alone, the whole route (upcast.run),
 the fastest exact config (launch.run over configs.offered), BF16 torch.mm for scale; each timed with
 tilefly.bench.timing.measure (L2 flushed, median). Also checks the route's output against the float64
 product of the dequantized operands. One line per case; --json keeps the rows. --profile instead
@@ -79,8 +79,8 @@ def main() -> None:
         err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
         us = lambda fn: measure(fn, QUICK).median_us  # noqa: E731
         row = {"fmt": fmt, "m": m, "n": n, "k": k, "rel_err": err,
-               "upcast_a_us": us(lambda: upcast.upcast_rows(a.data, a.scale, m, k, fp4, False)),
-               "upcast_b_us": us(lambda: upcast.upcast_rows(b.data, b.scale, n, k, fp4, False)),
+               "upcast_us": us(lambda: upcast.upcast_operands(a.data, a.scale, b.data, b.scale, m, n, k, fp4, False,
+                                                              False)),
                "route_us": us(lambda: upcast.run(p, a.data, b.data.t(), a.scale, b.scale, out))}
         row["exact_us"], row["exact_cfg"] = _exact_best(p, a, b, out)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -88,7 +88,7 @@ def main() -> None:
         row["bf16_mm_us"] = us(lambda: x @ w.t())
         rows.append(row)
         tf = 2.0 * m * n * k / row["route_us"] / 1e6
-        print(f"{fmt} {m}x{n}x{k}: upcast A {row['upcast_a_us']:.1f} B {row['upcast_b_us']:.1f} us, route "
+        print(f"{fmt} {m}x{n}x{k}: upcast {row['upcast_us']:.1f} us, route "
               f"{row['route_us']:.1f} us ({tf:.0f} TFLOP/s), exact {row['exact_us']:.1f} us ({row['exact_cfg']}), "
               f"bf16 mm {row['bf16_mm_us']:.1f} us, route/exact {row['exact_us'] / row['route_us']:.2f}x, "
               f"err {err:.1e}", flush=True)

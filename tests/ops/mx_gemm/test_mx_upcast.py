@@ -154,3 +154,24 @@ def test_every_output_element_is_written(fmt):
         torch.cuda.synchronize()
         assert not out.isnan().any()
         _check(out, ref, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzle_a, swizzle_b", [("32_4_4", "none"), ("none", "32_4_4")])
+def test_operands_of_different_scale_layouts(monkeypatch, fmt, swizzle_a, swizzle_b):
+    """One launch upcasts both operands, each with its own scale layout."""
+    import torch.nn.functional as F
+
+    m, n, k = 333, 200, 1056
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a, sa = mx.quantize(torch.randn(m, k, device="cuda", generator=g), fmt, swizzle=swizzle_a)
+    b, sb = mx.quantize(torch.randn(n, k, device="cuda", generator=g), fmt, swizzle=swizzle_b)
+    layout = {"none": F.SwizzleType.NO_SWIZZLE, "32_4_4": F.SwizzleType.SWIZZLE_32_4_4}
+    blockwise = F.ScalingType.BlockWise1x32
+    out = _through_upcast(monkeypatch, lambda: F.scaled_mm(
+        a, b.t(), sa, blockwise, sb, blockwise, swizzle_a=layout[swizzle_a], swizzle_b=layout[swizzle_b],
+        output_dtype=torch.bfloat16))
+    ref = (mx.dequantize(a, sa, fmt, swizzle=swizzle_a, dtype=torch.float64)
+           @ mx.dequantize(b, sb, fmt, swizzle=swizzle_b, dtype=torch.float64).t())
+    _check(out, ref, torch.bfloat16)

@@ -267,23 +267,25 @@ def requant_specs():
 
 
 def upcast_specs():
-    """The BF16 route's kernels (kernels_upcast.py): the upcast for both formats and scale layouts at
-    K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for each output dtype,
+    """The BF16 route's kernels (kernels_upcast.py): the upcast of both operands for both formats and
+    scale layouts at K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for each output dtype,
     in place (BF16) and from the FP32 product with a bias."""
     from tilefly.compile_check import KernelSpec
     from tilefly.ops.mx_gemm import upcast
 
-    sig = {"q_ptr": "*u8", "s_ptr": "*u8", "out_ptr": "*bf16", "row_scale_ptr": "*fp32", "n_rows": "i32", "K": "i32",
-           "stride_q": "i32", "stride_sr": "i32", "stride_sc": "i32", "stride_out": "i32", "FP4": "constexpr",
-           "SWIZZLED": "constexpr", "ROWS": "constexpr", "BLOCKS": "constexpr"}
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6, 9)}
+    sig = {"qa_ptr": "*u8", "sa_ptr": "*u8", "qb_ptr": "*u8", "sb_ptr": "*u8", "out_ptr": "*bf16",
+           "row_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_qa": "i32", "stride_sar": "i32",
+           "stride_sac": "i32", "stride_qb": "i32", "stride_sbr": "i32", "stride_sbc": "i32", "stride_out": "i32",
+           "FP4": "constexpr", "A_SWIZZLED": "constexpr", "B_SWIZZLED": "constexpr", "ROWS": "constexpr",
+           "BLOCKS": "constexpr"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 8, 9, 12, 15)}
     specs = []
     for fmt in FORMATS:
         for swizzled in (False, True):
             for k in (4096, 256):
                 blocks = min(k // SCALE_BLOCK, upcast.CHUNK // SCALE_BLOCK)
-                constexprs = dict(FP4=fmt == "mxfp4", SWIZZLED=swizzled, ROWS=upcast.CHUNK // SCALE_BLOCK // blocks,
-                                  BLOCKS=blocks)
+                constexprs = dict(FP4=fmt == "mxfp4", A_SWIZZLED=swizzled, B_SWIZZLED=swizzled,
+                                  ROWS=upcast.CHUNK // SCALE_BLOCK // blocks, BLOCKS=blocks)
                 specs.append(KernelSpec(f"mx_gemm.upcast[{fmt},swz={int(swizzled)},K={k}]", _upcast_kernel, sig,
                                         constexprs, attrs=aligned, num_warps=4))
     block_m, block_n = upcast.RESCALE_TILE

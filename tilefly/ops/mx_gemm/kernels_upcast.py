@@ -16,7 +16,7 @@ both are powers of two), adds the bias and casts. Rows and columns of scale 1 ar
 program whose tile only holds such rows and columns returns after reading the two scale vectors,
 unless ALWAYS (C' in an FP32 buffer that must be cast, or a bias to add).
 
-Layout plan, upcast: one program per ROWS rows, num_warps 4. Pass 1 streams the rows' exponents as
+Layout plan, upcast: both operands in one launch, one program per ROWS rows of either, num_warps 4. Pass 1 streams the rows' exponents as
 [ROWS, BLOCKS] tiles for their range; pass 2 streams values as [ROWS, BLOCKS, 32] tiles (a 32-value
 block per innermost row: FP8 32 contiguous bytes, FP4 16 packed bytes joined back into 32 values, low
 nibble first), each block's factor loaded once and broadcast along it, stored as contiguous BF16 rows.
@@ -56,10 +56,10 @@ def _row_scale(e_ref):
 
 
 @triton.jit
-def mx_upcast_rows_kernel(q_ptr, s_ptr, out_ptr, row_scale_ptr, n_rows, K, stride_q, stride_sr, stride_sc,
-                          stride_out, FP4: tl.constexpr, SWIZZLED: tl.constexpr, ROWS: tl.constexpr,
-                          BLOCKS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+def _upcast_rows(q_ptr, s_ptr, out_ptr, row_scale_ptr, block, n_rows, K, stride_q, stride_sr, stride_sc,
+                 stride_out, FP4: tl.constexpr, SWIZZLED: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
+    """Rows [block * ROWS, block * ROWS + ROWS) of one operand."""
+    rows = block * ROWS + tl.arange(0, ROWS)
     in_rows = rows < n_rows
     k_blocks = K // SCALE_BLOCK
     e_hi = tl.zeros([ROWS], tl.int32)
@@ -93,6 +93,23 @@ def mx_upcast_rows_kernel(q_ptr, s_ptr, out_ptr, row_scale_ptr, n_rows, K, strid
             v = v.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         col = kb[None, :, None] * SCALE_BLOCK + lane
         tl.store(out_ptr + row_out + col, (v * factor).to(tl.bfloat16), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "N"])  # M and N size pointer offsets: never constexprs
+def mx_upcast_rows_kernel(qa_ptr, sa_ptr, qb_ptr, sb_ptr, out_ptr, row_scale_ptr, M, N, K, stride_qa, stride_sar,
+                          stride_sac, stride_qb, stride_sbr, stride_sbc, stride_out, FP4: tl.constexpr,
+                          A_SWIZZLED: tl.constexpr, B_SWIZZLED: tl.constexpr, ROWS: tl.constexpr,
+                          BLOCKS: tl.constexpr):
+    """Both operands in one launch: the first cdiv(M, ROWS) programs take A's rows into rows 0..M-1 of
+    ``out`` and ``row_scale``, the others B's into rows M..M+N-1."""
+    pid = tl.program_id(0)
+    a_programs = tl.cdiv(M, ROWS)
+    if pid < a_programs:
+        _upcast_rows(qa_ptr, sa_ptr, out_ptr, row_scale_ptr, pid, M, K, stride_qa, stride_sar, stride_sac, stride_out,
+                     FP4, A_SWIZZLED, ROWS, BLOCKS)
+    else:
+        _upcast_rows(qb_ptr, sb_ptr, out_ptr + M.to(tl.int64) * stride_out, row_scale_ptr + M, pid - a_programs, N, K,
+                     stride_qb, stride_sbr, stride_sbc, stride_out, FP4, B_SWIZZLED, ROWS, BLOCKS)
 
 
 @triton.jit

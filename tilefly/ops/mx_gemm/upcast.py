@@ -29,7 +29,7 @@ CHUNK = 4096                 # values an upcast program converts a step: 32 a th
 RESCALE_TILE = (32, 256)     # rows x columns a rescale program covers, 8 warps
 
 # Compiled upcast and rescale kernels, replayed through Triton's C launcher (_triton_launch.launch_direct):
-# through the JIT the route's three launches cost ~150 us of host time a call on the H200 host.
+# through the JIT the route's launches cost ~150 us of host time a call on the H200 host.
 _launches: dict = {}
 
 
@@ -57,22 +57,31 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def upcast_rows(q: torch.Tensor, scale: torch.Tensor, rows: int, k: int, fp4: bool,
-                swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(BF16 [rows, k], FP32 row scales [rows]) with q [rows, k] E4M3 (or [rows, k / 2] packed E2M1
-    bytes) row-major: ``out[r] * row_scale[r]`` is row r of the dequantized operand."""
+def upcast_operands(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor, m: int, n: int,
+                    k: int, fp4: bool, a_swizzled: bool, b_swizzled: bool):
+    """(BF16 A [m, k], BF16 B [n, k], FP32 row scales of A [m] and of B [n]), one launch, one buffer
+    each: ``a16[r] * scale_a[r]`` is row r of the dequantized A (and so for B). a and b row-major
+    [rows, k] E4M3 (or [rows, k / 2] packed E2M1 bytes)."""
     from tilefly import _triton_launch
 
-    out = torch.empty(rows, k, dtype=torch.bfloat16, device=q.device)
-    row_scale = torch.empty(rows, dtype=torch.float32, device=q.device)
-    q, s = q.view(torch.uint8), scale.view(torch.uint8)
-    stride_sr, stride_sc = (0, 0) if swizzled else (s.stride(0), s.stride(1))
+    out = torch.empty(m + n, k, dtype=torch.bfloat16, device=a.device)
+    row_scale = torch.empty(m + n, dtype=torch.float32, device=a.device)
+    qa, sa, qb, sb = a.view(torch.uint8), scale_a.view(torch.uint8), b.view(torch.uint8), scale_b.view(torch.uint8)
     blocks = min(_pow2_at_least(k // SCALE_BLOCK), CHUNK // SCALE_BLOCK)
     per_program = CHUNK // SCALE_BLOCK // blocks
-    _triton_launch.launch_direct(_launches, _upcast_kernel, (-(-rows // per_program), 1), (q, s, out, row_scale),
-                                 (rows, k, q.stride(0), stride_sr, stride_sc, out.stride(0)),
-                                 dict(FP4=fp4, SWIZZLED=swizzled, ROWS=per_program, BLOCKS=blocks), num_warps=4)
-    return out, row_scale
+    grid = -(-m // per_program) + -(-n // per_program)
+    _triton_launch.launch_direct(_launches, _upcast_kernel, (grid, 1), (qa, sa, qb, sb, out, row_scale),
+                                 (m, n, k, qa.stride(0), *_scale_strides(sa, a_swizzled), qb.stride(0),
+                                  *_scale_strides(sb, b_swizzled), out.stride(0)),
+                                 dict(FP4=fp4, A_SWIZZLED=a_swizzled, B_SWIZZLED=b_swizzled, ROWS=per_program,
+                                      BLOCKS=blocks), num_warps=4)
+    a16, b16 = out.split((m, n))
+    ra, rb = row_scale.split((m, n))
+    return a16, b16, ra, rb
+
+
+def _scale_strides(s: torch.Tensor, swizzled: bool) -> tuple[int, int]:
+    return (0, 0) if swizzled else (s.stride(0), s.stride(1))
 
 
 def rescale(c: torch.Tensor, out: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -102,9 +111,8 @@ def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
         out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """out = scaled_mm(a, b) (+ bias) through BF16; a is M x K row-major, b K x N column-major, as
     eligibility.parse accepted them; out M x N contiguous."""
-    fp4 = p.fmt == "mxfp4"
-    a16, ra = upcast_rows(a, scale_a, p.m, p.k, fp4, p.swizzled_a)
-    b16, rb = upcast_rows(b.t(), scale_b, p.n, p.k, fp4, p.swizzled_b)
+    a16, b16, ra, rb = upcast_operands(a, scale_a, b.t(), scale_b, p.m, p.n, p.k, p.fmt == "mxfp4", p.swizzled_a,
+                                       p.swizzled_b)
     if out.dtype == torch.bfloat16 and bias is None:
         torch.mm(a16, b16.t(), out=out)
         rescale(out, out, ra, rb, None, always=False)
