@@ -5,7 +5,14 @@ eager fallback inside compiled graphs) and the legacy ``aten::_scaled_mm`` go th
 non-MX calls stay ATen's. See eligibility.py (the predicate and its error messages), eager.py
 (the ops), launch.py (host side), configs.py, kernels.py (Gluon, v1: one 32-K block a ring slot,
 synchronous wgmma), kernels_v2.py (Gluon, v2: 128-K slots, async wgmma with the block-scale
-promotion overlapped, PRMT FP4 unpack) and bench.py.
+promotion overlapped, PRMT FP4 unpack), upcast.py (the BF16 route of large shapes),
+requant.py (opt-in, inexact) and bench.py.
+
+No Inductor candidates: on torch 2.13 a compiled MX ``F.scaled_mm`` never reaches
+``tuned_scaled_mm_v2``'s choices. The meta function requires SWIZZLE_32_4_4 scales for MX and the
+lowering asserts that no scale is swizzled, so the graph does not compile with or without
+max-autotune (tests/ops/mx_gemm/test_mx_inductor.py watches for a torch that changes this).
+``MXLinear`` compiles through its own opaque op (tilefly.mx.linear) instead.
 """
 from tilefly import _dispatch
 from tilefly.ops.mx_gemm import eager, eligibility
