@@ -247,9 +247,9 @@ def launch_direct(cache: dict, kernel_of, grid: tuple[int, int], tensors: tuple,
     whose parameters are exactly ``tensors`` (pointers), then ``ints``, then ``constexprs``, in that
     order. The first call of a specialization (what Triton specializes on: the pointers' dtypes and
     16-byte alignment, integers' 16-byte divisibility and equality to 1, the constexprs) goes through
-    the JIT; later calls go
-    straight to Triton's C launcher (``direct``), a few microseconds instead of the JIT's tens. Where
-    ``direct`` cannot serve (another Triton, a launch hook, CPU tensors) every call takes the JIT."""
+    the JIT; later calls go straight to Triton's C launcher (``direct``), a few microseconds instead of
+    the JIT's tens. Where ``direct`` cannot serve (another Triton, a launch hook, CPU tensors) every
+    call takes the JIT."""
     index = tensors[0].get_device()
     ptrs = tuple(t.data_ptr() for t in tensors)
     key = (kernel_of, index, tuple(t.dtype for t in tensors), tuple(p % 16 == 0 for p in ptrs),

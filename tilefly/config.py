@@ -90,8 +90,8 @@ OPTIONS: tuple[Option, ...] = (
            "per row and run PyTorch's row-scaled FP8 GEMM. Not exact: a block far below its row's largest "
            "scale loses low bits (scripts/mx_requant_error.py)."),
     Option("mx_upcast", "TILEFLY_MX_UPCAST", _choice("auto", "always", "never"), "auto",
-           "MX GEMMs through BF16: both operands upcast by a tilefly kernel, then torch.mm (exact for scales "
-           "within 2^+-117 of 1, rescaled beyond). 'auto' takes it where M and N are both large enough "
+           "MX GEMMs through BF16: both operands upcast by a tilefly kernel, then torch.mm (exact while a "
+           "row's scales span at most 2^117; rows beyond BF16's range are rescaled). 'auto' takes it where M and N are both large enough "
            "for the product to outweigh the weight stream (ops/mx_gemm/upcast.py); 'always' and 'never' "
            "force the choice."),
 )

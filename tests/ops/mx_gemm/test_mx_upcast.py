@@ -62,11 +62,30 @@ def test_compile_specs_cover_the_upcast_kernels():
     assert len([n for n in names if n.startswith("mx_gemm.rescale[")]) == 4
 
 
-def test_upcast_programs_cover_every_row_for_any_k():
-    """Rows a program takes times the K-blocks a step takes is the chunk, whatever K."""
-    for k in (32, 64, 96, 256, 4096, 14336, 16384):
-        blocks = min(1 << max(0, k // 32 - 1).bit_length(), upcast.CHUNK // 32)
-        assert blocks >= min(k // 32, upcast.CHUNK // 32) and (upcast.CHUNK // 32) % blocks == 0
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 32), (37, 21, 320), (300, 520, 4096), (5, 7, 14336)])
+def test_one_upcast_launch_covers_both_operands(monkeypatch, m, n, k):
+    """The launch's arguments in the kernel's order; its programs cover A's rows, then B's, each
+    program ROWS rows of BLOCKS K-blocks a step (a chunk of values, whatever K)."""
+    from tilefly import _triton_launch
+    from tilefly.ops.mx_gemm import kernels_upcast
+
+    seen = {}
+    monkeypatch.setattr(_triton_launch, "launch_direct", lambda cache, kernel_of, grid, tensors, ints, constexprs,
+                        num_warps: seen.update(grid=grid, values=[*tensors, *ints, *constexprs.values()],
+                                               kernel=kernel_of()))
+    a, sa = mx.quantize(torch.randn(m, k), "mxfp4")
+    b, sb = mx.quantize(torch.randn(n, k), "mxfp4", swizzle="32_4_4")
+    a16, b16, ra, rb = upcast.upcast_operands(a, sa, b, sb, m, n, k, True, False, True)
+    assert seen["kernel"] is kernels_upcast.mx_upcast_rows_kernel
+    args = dict(zip(seen["kernel"].arg_names, seen["values"]))
+    rows, blocks = args["ROWS"], args["BLOCKS"]
+    assert rows * blocks * 32 == upcast.CHUNK and blocks >= min(k // 32, upcast.CHUNK // 32)
+    assert seen["grid"] == (-(-m // rows) + -(-n // rows), 1)
+    assert (args["M"], args["N"], args["K"], args["stride_qa"], args["stride_qb"]) == (m, n, k, k // 2, k // 2)
+    assert (args["stride_sar"], args["stride_sac"], args["stride_sbr"], args["stride_sbc"]) == (k // 32, 1, 0, 0)
+    assert args["A_SWIZZLED"] is False and args["B_SWIZZLED"] is True
+    assert a16.shape == (m, k) and b16.shape == (n, k) and b16.data_ptr() == a16.data_ptr() + m * k * 2
+    assert ra.shape == (m,) and rb.shape == (n,)
 
 
 # ---- on the H200 --------------------------------------------------------------------------------

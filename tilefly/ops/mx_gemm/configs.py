@@ -268,8 +268,8 @@ def requant_specs():
 
 def upcast_specs():
     """The BF16 route's kernels (kernels_upcast.py): the upcast of both operands for both formats and
-    scale layouts at K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for each output dtype,
-    in place (BF16) and from the FP32 product with a bias."""
+    scale layouts at K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for
+    each output dtype, in place (BF16) and from the FP32 product with a bias."""
     from tilefly.compile_check import KernelSpec
     from tilefly.ops.mx_gemm import upcast
 

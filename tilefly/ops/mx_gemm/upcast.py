@@ -4,12 +4,13 @@ stream, sets the time.
 The exact kernels (kernels_v2) promote an FP32 partial every 32 K, which costs more issue slots than
 the FP8 MMA it scales: they reach ~100-130 TFLOP/s on the H200 where cuBLAS's BF16 GEMM reaches
 ~700. Where the operands are read once per several output tiles (both sides of the product at least
-``MIN_SIDE``), tilefly instead upcasts both operands to BF16 (kernels_upcast.py: one pass over the MX
-bytes, exact for every row whose scales lie within 2^+-117 of 1, a per-row power-of-two scale
-otherwise), multiplies them with ``torch.mm`` and rescales the rows and columns that carried a
-scale. This is what the stock path (dequantize, then ``torch.mm``) computes, with the dequantization
-in one kernel per operand and no extremes lost: a row whose scales reach 2^127 or 2^-127 is
-upcast relative to its largest scale and its product rescaled in FP32.
+``MIN_SIDE``), tilefly instead upcasts both operands to BF16 in one launch (kernels_upcast.py),
+multiplies them with ``torch.mm`` and rescales the rows and columns that carried a scale. This is
+what the stock path (dequantize, then ``torch.mm``) computes, with the dequantization in one kernel.
+Unlike the stock path it keeps rows whose scales leave BF16's range: such a row is upcast relative
+to its largest scale and its product rescaled in FP32. Rows whose scales all lie in 2^-117 .. 2^119
+are exact; a shifted row loses only blocks more than 2^117 below its largest (flushed to zero), which
+the exact kernels would keep (``TILEFLY_MX_UPCAST=never`` sends every call to them).
 
 Output: BF16 without bias goes straight from the GEMM into ``out`` (rescaled in place where needed);
 FP16 and FP32 outputs and a bias take the GEMM's FP32 product through one more pass (cast, scale,
@@ -22,7 +23,9 @@ import torch
 from tilefly import config
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
-# The smaller of M and N at least this (both formats). Set from the mxfp_gemm suite on the H200.
+# The smaller of M and N at least this (both formats). H200, scripts/mx_upcast_probe.py (BENCHMARKS.md,
+# session 20): at 128 tokens the route took 33-42 us against 45-54 for the exact kernels; at 64 the
+# exact MXFP8 kernel won (29.8 against 32.8 us).
 MIN_SIDE = 128
 SCALE_BLOCK = 32
 CHUNK = 4096                 # values an upcast program converts a step: 32 a thread over 4 warps
@@ -86,8 +89,9 @@ def _scale_strides(s: torch.Tensor, swizzled: bool) -> tuple[int, int]:
 
 def rescale(c: torch.Tensor, out: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
             bias: torch.Tensor | None, always: bool) -> None:
-    """out = c * scale_a[:, None] * scale_b[None, :] (+ bias), cast to out's dtype; tiles whose
-    scales are all 1 are skipped unless ``always`` (c is then ``out`` itself)."""
+    """out = c * scale_a[:, None] * scale_b[None, :] (+ bias), cast to out's dtype; c and out have
+    unit column stride. Unless ``always``, tiles whose scales are all 1 are skipped, so c must then
+    be ``out`` itself (rescaled in place)."""
     from tilefly import _triton_launch
 
     m, n = out.shape
