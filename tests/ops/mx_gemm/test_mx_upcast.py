@@ -194,3 +194,38 @@ def test_operands_of_different_scale_layouts(monkeypatch, fmt, swizzle_a, swizzl
     ref = (mx.dequantize(a, sa, fmt, swizzle=swizzle_a, dtype=torch.float64)
            @ mx.dequantize(b, sb, fmt, swizzle=swizzle_b, dtype=torch.float64).t())
     _check(out, ref, torch.bfloat16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_the_route_replays_inside_a_cuda_graph(monkeypatch, fmt):
+    """Warmed up once (kernels compiled), then captured: the replay computes new operands' product."""
+    import torch.nn.functional as F
+
+    m, n, k = 256, 512, 1024
+    a, sa = mx.quantize(torch.randn(m, k, device="cuda"), fmt)
+    b, sb = mx.quantize(torch.randn(n, k, device="cuda"), fmt)
+    blockwise = F.ScalingType.BlockWise1x32
+
+    def call():
+        return F.scaled_mm(a, b.t(), sa, blockwise, sb, blockwise, output_dtype=torch.bfloat16)
+
+    _through_upcast(monkeypatch, call)
+    graph = torch.cuda.CUDAGraph()
+    import tilefly
+
+    with tilefly.enabled("mx_gemm"):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()
+            with torch.cuda.graph(graph, stream=stream):
+                out = call()
+        torch.cuda.current_stream().wait_stream(stream)
+    a2, sa2 = mx.quantize(torch.randn(m, k, device="cuda"), fmt)
+    a.copy_(a2)
+    sa.copy_(sa2)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = mx.dequantize(a, sa, fmt, dtype=torch.float64) @ mx.dequantize(b, sb, fmt, dtype=torch.float64).t()
+    _check(out, ref, torch.bfloat16)
