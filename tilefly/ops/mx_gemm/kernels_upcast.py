@@ -27,21 +27,20 @@ for Triton's row reductions and layout changes (2-4 KB, sm_90a compile).
 import triton
 import triton.language as tl
 
+from tilefly.ops.mx_gemm.kernels import SWZ_TILE_BYTES, SWZ_TILE_COLS, SWZ_TILE_ROWS
 from tilefly.ops.mx_gemm.kernels_requant import _e2m1_value, _pow2
 
 E8M0_NAN = tl.constexpr(255)
 SCALE_BLOCK = tl.constexpr(32)
 E_LO = tl.constexpr(10)     # 2^-9 * 2^(10 - 127) = 2^-126, BF16's smallest normal
 E_HI = tl.constexpr(246)    # 448 * 2^(246 - 127) < 2^128, BF16's overflow
-# SWIZZLE_32_4_4 (tilefly.mx.layout): 128 x 4 tiles of 512 bytes, row tile by row tile.
-SWZ_TILE_ROWS = tl.constexpr(128)
-SWZ_TILE_COLS = tl.constexpr(4)
-SWZ_TILE_BYTES = tl.constexpr(512)
 
 
 @triton.jit
 def _scale_offsets(rows, kb, k_blocks, stride_r, stride_c, SWIZZLED: tl.constexpr):
-    """Byte offsets of scales (rows, kb), broadcast against each other."""
+    """Byte offsets of scales (rows, kb), broadcast against each other: kernels.scale_offsets for plain
+    Triton kernels (the Gluon one compiles when called from here, but Triton's interpreter, which
+    runs these kernels in CI, cannot call a Gluon function)."""
     r = rows.to(tl.int64)
     if SWIZZLED:
         col_tiles = (k_blocks + SWZ_TILE_COLS - 1) // SWZ_TILE_COLS

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tilefly import config
+from tilefly import _triton_launch, config
 from tilefly.mx.layout import from_blocked
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
@@ -49,8 +49,9 @@ def requantize_rows(q: torch.Tensor, exponents: torch.Tensor, k: int, fp4: bool)
     row_scale = torch.empty(rows, dtype=torch.float32, device=q.device)
     q = q.view(torch.uint8)
     block_kb = max(2, 1 << (k // SCALE_BLOCK - 1).bit_length())
-    _launch(rows, (q, exponents, out, row_scale), (k, q.stride(0), exponents.stride(0), out.stride(0)),
-            (fp4, block_kb, CHUNK))
+    _triton_launch.launch_direct(_launches, _requant_kernel, (rows, 1), (q, exponents, out, row_scale),
+                                 (k, q.stride(0), exponents.stride(0), out.stride(0)),
+                                 dict(FP4=fp4, BLOCK_KB=block_kb, CHUNK=CHUNK), num_warps=4)
     return out.view(torch.float8_e4m3fn), row_scale
 
 
@@ -63,14 +64,6 @@ def _requant_kernel():
     from tilefly.ops.mx_gemm.kernels_requant import mx_requant_rows_kernel
 
     return mx_requant_rows_kernel
-
-
-def _launch(rows: int, tensors: tuple, ints: tuple, constexprs: tuple) -> None:
-    from tilefly import _triton_launch
-
-    fp4, block_kb, chunk = constexprs
-    _triton_launch.launch_direct(_launches, _requant_kernel, (rows, 1), tensors, ints,
-                                 dict(FP4=fp4, BLOCK_KB=block_kb, CHUNK=chunk), num_warps=4)
 
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
