@@ -6,10 +6,8 @@ tilefly.bench.timing.measure (L2 flushed, median). Also checks the route's outpu
 product of the dequantized operands. One line per case; --json keeps the rows. --profile instead
 runs 20 back-to-back calls of the route per case under torch.profiler and prints each kernel's GPU
 time and the calls' host time (where the route's time goes when it is not the kernels).
---scaled-dot adds the ``tl.dot_scaled`` experiment (scaled_dot.py): every config checked against the
-float64 product, the fastest timed beside the others.
 
-    python scripts/mx_upcast_probe.py [--cases 0,14,...] [--json FILE] [--profile] [--scaled-dot]
+    python scripts/mx_upcast_probe.py [--cases 0,14,...] [--json FILE] [--profile]
 """
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from tilefly import mx
 from tilefly.bench import mx_operands
 from tilefly.bench.suites import mxfp_gemm
 from tilefly.bench.timing import QUICK, measure
-from tilefly.ops.mx_gemm import configs, eligibility, launch, scaled_dot, upcast
+from tilefly.ops.mx_gemm import configs, eligibility, launch, upcast
 
 
 def _exact_best(p, a, b, out) -> tuple[float, str]:
@@ -34,24 +32,6 @@ def _exact_best(p, a, b, out) -> tuple[float, str]:
             best = min(best, (measure(run, QUICK).median_us, cfg.name))
         except Exception as exc:  # noqa: BLE001 - report and keep probing
             print(f"  {cfg.name} failed: {type(exc).__name__}: {str(exc)[:120]}")
-    return best
-
-
-def _scaled_dot_best(p, a, b, out, ref) -> tuple[float, str, float]:
-    """(time, config, max error of max|C|) of the fastest dot_scaled config whose result is right."""
-    best = (float("inf"), "none", float("nan"))
-    for cfg in scaled_dot.CONFIGS:
-        run = lambda cfg=cfg: scaled_dot.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=cfg)  # noqa: E731
-        try:
-            out.fill_(float("nan"))
-            run()
-            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-            if not err < 2.0 ** -6:
-                print(f"  {cfg.name}: wrong result, error {err:.1e} of max|C|")
-                continue
-            best = min(best, (measure(run, QUICK).median_us, cfg.name, err))
-        except Exception as exc:  # noqa: BLE001 - report and keep probing
-            print(f"  {cfg.name} failed: {type(exc).__name__}: {str(exc)[:160]}")
     return best
 
 
@@ -79,7 +59,6 @@ def main() -> None:
     ap.add_argument("--cases", help="comma-separated case indices of the mxfp_gemm suite (default: all)")
     ap.add_argument("--json")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--scaled-dot", action="store_true")
     args = ap.parse_args()
     cases = mxfp_gemm.cases()
     if args.cases:
@@ -104,8 +83,6 @@ def main() -> None:
                                                               False)),
                "route_us": us(lambda: upcast.run(p, a.data, b.data.t(), a.scale, b.scale, out))}
         row["exact_us"], row["exact_cfg"] = _exact_best(p, a, b, out)
-        if args.scaled_dot:
-            row["dot_us"], row["dot_cfg"], row["dot_err"] = _scaled_dot_best(p, a, b, out, ref)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         row["bf16_mm_us"] = us(lambda: x @ w.t())
@@ -114,8 +91,7 @@ def main() -> None:
         print(f"{fmt} {m}x{n}x{k}: upcast {row['upcast_us']:.1f} us, route "
               f"{row['route_us']:.1f} us ({tf:.0f} TFLOP/s), exact {row['exact_us']:.1f} us ({row['exact_cfg']}), "
               f"bf16 mm {row['bf16_mm_us']:.1f} us, route/exact {row['exact_us'] / row['route_us']:.2f}x, "
-              f"err {err:.1e}" + (f", dot_scaled {row['dot_us']:.1f} us ({row['dot_cfg']}, err {row['dot_err']:.1e})"
-                                   if args.scaled_dot else ""), flush=True)
+              f"err {err:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -244,7 +244,7 @@ def compile_specs():
             name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
             kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
             num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
-    return specs + requant_specs() + upcast_specs() + scaled_dot_specs()
+    return specs + requant_specs() + upcast_specs()
 
 
 def requant_specs():
@@ -300,41 +300,6 @@ def upcast_specs():
                                 constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 7, 8)},
                                 num_warps=8))
     return specs
-
-
-def scaled_dot_specs():
-    """The ``tl.dot_scaled`` experiment (kernels_scaled_dot.py): every config of scaled_dot.CONFIGS per
-    format with plain scales and BF16 out, and swizzled scales with a bias and FP16 out on the first.
-    They must lower to BF16 wgmma (Triton's Hopper decomposition of dot_scaled)."""
-    from tilefly.compile_check import KernelSpec
-    from tilefly.ops.mx_gemm import scaled_dot
-
-    specs = []
-    for fmt in FORMATS:
-        data = "fp8e4nv" if fmt == "mxfp8" else "u8"
-        variants = [(cfg, False, 0, "bf16") for cfg in scaled_dot.CONFIGS] + [(scaled_dot.CONFIGS[0], True, 1, "fp16")]
-        for cfg, swizzled, bias, out in variants:
-            sig = {"a_ptr": f"*{data}", "sa_ptr": "*u8", "b_ptr": f"*{data}", "sb_ptr": "*u8", "c_ptr": f"*{out}",
-                   "bias_ptr": f"*{out}", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bn": "i32",
-                   "stride_sar": "i32", "stride_sac": "i32", "stride_sbr": "i32", "stride_sbc": "i32",
-                   "stride_cm": "i32", "stride_cn": "i32", "stride_bias": "i32", "FORMAT": "constexpr",
-                   "A_SWIZZLED": "constexpr", "B_SWIZZLED": "constexpr", "BIAS": "constexpr", "BLOCK_M": "constexpr",
-                   "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP_M": "constexpr"}
-            constexprs = dict(FORMAT="e2m1" if fmt == "mxfp4" else "e4m3", A_SWIZZLED=swizzled, B_SWIZZLED=swizzled,
-                              BIAS=bool(bias), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                              GROUP_M=scaled_dot.GROUP_M)
-            aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 8, 9, 10, 15)}
-            specs.append(KernelSpec(
-                f"mx_gemm.scaled_dot.{cfg.name}[{fmt},swz={int(swizzled)},bias={bias},{out}]", _scaled_dot_kernel,
-                sig, constexprs, attrs=aligned, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                sass_must_contain=("HGMMA",)))
-    return specs
-
-
-def _scaled_dot_kernel():
-    from tilefly.ops.mx_gemm import kernels_scaled_dot
-
-    return kernels_scaled_dot.mx_scaled_dot_kernel
 
 
 def _upcast_kernel():
