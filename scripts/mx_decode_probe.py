@@ -41,8 +41,8 @@ def variants(rows: int, cols: int, k: int, fmt: str):
 
     base = configs.offered(rows, cols, k, fmt)
     more = []
-    for cfg in (c for c in base if c.kernel == 2):
-        for stages in (4, 8):
+    for cfg in (c for c in base if c.kernel in (2, 3)):
+        for stages in ((4, 8) if cfg.kernel == 2 else (2, 3, 4)):
             alt = replace(cfg, stages=stages, max_splits=32)
             if alt not in base and alt not in more and configs.static_reason(alt, fmt) is None:
                 more.append(alt)

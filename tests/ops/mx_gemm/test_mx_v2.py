@@ -62,7 +62,7 @@ def test_v2_smem_counts_the_double_unpack_buffer():
     assert cfg.item_bytes("mxfp8") == 160 * 128 and cfg.item_bytes("mxfp4") == 160 * 64
     assert cfg.smem_bytes("mxfp4") == 4 * 160 * 64 + 2 * 160 * 128 + configs.SMEM_RESERVE
     assert configs.MXConfig(128, 32, 4, 4).name == "mx128x32_s4_w4_k16"          # v1 names unchanged
-    assert configs.static_reason(configs.MXConfig(128, 32, 4, 4, kernel=3), "mxfp8")
+    assert configs.static_reason(configs.MXConfig(128, 32, 4, 4, kernel=4), "mxfp8")
 
 
 def test_compile_specs_cover_every_shipped_v2_config():

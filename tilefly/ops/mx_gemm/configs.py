@@ -44,6 +44,12 @@ V2_RING_TARGET = {"mxfp8": 96 * 1024, "mxfp4": 64 * 1024}
 V2_MAX_STAGES = 8
 V2_REGS_PER_THREAD = 248
 V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
+# v3 (kernels_v3.py): operands upcast to BF16 in the CTA; two sets of four [rows, 32] BF16 K-block
+# buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
+V3_BF16_BYTES = 2 * 4 * 32 * 2     # shared bytes per tile row (X and Y rows alike)
+V3_ACC_REGS_LIMIT = 64
+V3_REGS_PER_THREAD = 128           # sm_90a compile: 56-121 over the shipped builds
+V3_RING_TARGET = 48 * 1024         # ring bytes; with the BF16 buffers 2 programs of 64 rows share an SM
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,8 @@ class MXConfig:
         return (self.block_m + self.block_n) * self.row_bytes(fmt)
 
     def smem_bytes(self, fmt: str) -> int:
+        if self.kernel == 3:    # two sets of four BF16 K-block buffers (kernels_v3.py)
+            return self.stages * self.item_bytes(fmt) + V3_BF16_BYTES * (self.block_m + self.block_n) + SMEM_RESERVE
         buffers = 1 if self.kernel == 1 else 2
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
         return self.stages * self.item_bytes(fmt) + unpacked + SMEM_RESERVE
@@ -83,8 +91,8 @@ class MXConfig:
 
 
 def static_reason(cfg: MXConfig, fmt: str) -> str | None:
-    if cfg.kernel not in (1, 2):
-        return "kernel must be 1 or 2"
+    if cfg.kernel not in (1, 2, 3):
+        return "kernel must be 1, 2 or 3"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -93,7 +101,7 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "num_warps must be 4 or 8"
     if cfg.num_warps == 8 and cfg.block_m == 64 and cfg.block_n < 16:
         return "two warpgroups on 64 rows split N: block_n must be at least 16"
-    if cfg.acc_values() > ACC_REGS_LIMIT:
+    if cfg.acc_values() > (V3_ACC_REGS_LIMIT if cfg.kernel == 3 else ACC_REGS_LIMIT):
         return "accumulator and partial would not fit in registers"
     if cfg.stages < 2:
         return "at least 2 stages"
@@ -109,6 +117,8 @@ def resident(cfg: MXConfig, fmt: str) -> int:
     regs = REGS_PER_THREAD
     if cfg.kernel == 2:
         regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
+    elif cfg.kernel == 3:
+        regs = V3_REGS_PER_THREAD
     return programs_per_sm(cfg.smem_bytes(fmt), cfg.num_warps, regs)
 
 
@@ -137,6 +147,22 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     return out
 
 
+def _v3_stages(block_m: int, block_n: int, fmt: str) -> int:
+    item = MXConfig(block_m, block_n, 2, 4, kernel=3).item_bytes(fmt)
+    return max(2, min(V2_MAX_STAGES, V3_RING_TARGET // item))
+
+
+def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """v3 builds (kernels_v3: operands upcast to BF16 in the CTA) for a rows x cols problem with
+    cols <= 64 (the decode shapes it was written for): 64 rows over one warpgroup and 128 rows over
+    one (twice the weight rows per upcast token tile)."""
+    if cols > 64:
+        return []
+    block_n = small_slot(cols)
+    out = [MXConfig(block_m, block_n, _v3_stages(block_m, block_n, fmt), 4, kernel=3) for block_m in (64, 128)]
+    return [c for c in out if static_reason(c, fmt) is None]
+
+
 def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     """The first version's config for a rows x cols x k problem (rows >= cols): 128 rows."""
     block_n = small_slot(cols)
@@ -161,7 +187,8 @@ def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
-    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt)) if static_reason(c, fmt) is None]
+    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v3_configs(rows, cols, k, fmt))
+            if static_reason(c, fmt) is None]
 
 
 # ---- compile specs: every shipped config, compiled for sm_90a in CI ---------------------------
@@ -186,7 +213,7 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
            "iters_per_split" if cfg.kernel == 1 else "slots_per_split": "i32"}
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fmt == "mxfp4", X_SWIZZLED=x_swizzled,
                       Y_SWIZZLED=y_swizzled)
-    if cfg.kernel == 2:
+    if cfg.kernel in (2, 3):
         constexprs.update(X_WORDS=words, Y_WORDS=words)
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages, num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
@@ -199,6 +226,10 @@ def kernel_of(cfg: MXConfig):
         from tilefly.ops.mx_gemm import kernels_v2
 
         return kernels_v2.mx_gemm_v2_kernel
+    if cfg.kernel == 3:
+        from tilefly.ops.mx_gemm import kernels_v3
+
+        return kernels_v3.mx_gemm_v3_kernel
     from tilefly.ops.mx_gemm import kernels
 
     return kernels.mx_gemm_kernel
@@ -333,4 +364,6 @@ V2_ASYNC_WAIT = "WARPGROUP.DEPBAR.LE gsb0, 0x1"
 
 
 def sass_markers(cfg: MXConfig) -> tuple[str, ...]:
+    if cfg.kernel == 3:   # BF16 wgmma fed by the exact E4M3 -> F16 conversion
+        return ("HGMMA.64x", "F2FP.F16.E4M3.UNPACK_B")
     return ("QGMMA",) if cfg.kernel == 1 else ("QGMMA", V2_ASYNC_WAIT)

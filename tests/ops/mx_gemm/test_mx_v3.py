@@ -1,0 +1,181 @@
+"""MX GEMM kernel v3 (kernels_v3: operands upcast to BF16 in the CTA): configs on CPU, the sm_90a compile
+of its shipped builds (async BF16 wgmma, the exact E4M3 conversion, no spills); on the H200 every v3
+config against the float64 dequantized reference, poisoned outputs, K tails, extreme and NaN scales."""
+import pytest
+import torch
+
+from tilefly import mx
+from tilefly.ops.mx_gemm import configs, eligibility
+
+SWIZZLE_NAME = {False: "none", True: "32_4_4"}
+
+
+def _operands(fmt, m, n, k, swizzled, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    qa = mx.quantize(torch.randn(m, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
+    qb = mx.quantize(torch.randn(n, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
+    return qa[0], qb[0].t(), qa[1], qb[1]
+
+
+def _reference(a, b, sa, sb, fmt, swizzled, bias=None):
+    da = mx.dequantize(a, sa, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
+    db = mx.dequantize(b.t(), sb, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
+    out = da @ db.t()
+    return out if bias is None else out + bias.double()
+
+
+def _v3(m, n, k, fmt):
+    return configs.v3_configs(max(m, n), min(m, n), k, fmt)
+
+
+# ---- configs ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_v3_is_offered_for_decode_shapes_only(fmt):
+    for cols in (1, 8, 16, 32, 33, 64):
+        built = [c for c in configs.offered(4096, cols, 4096, fmt) if c.kernel == 3]
+        assert [c.block_m for c in built] == [64, 128]
+        assert all(c.block_n == configs.small_slot(cols) and configs.static_reason(c, fmt) is None for c in built)
+    assert not [c for c in configs.offered(4096, 65, 4096, fmt) if c.kernel == 3]
+
+
+def test_v3_smem_counts_both_sets_of_bf16_block_buffers():
+    cfg = configs.MXConfig(64, 32, 4, 4, kernel=3)
+    ring = 4 * (64 + 32) * 128
+    assert cfg.smem_bytes("mxfp8") == ring + 2 * 4 * (64 + 32) * 32 * 2 + configs.SMEM_RESERVE
+    assert configs.static_reason(configs.MXConfig(64, 32, 16, 4, kernel=3), "mxfp8").startswith("needs")
+
+
+V3_SPECS = [s.name for s in configs.compile_specs() if ".mx3_" in s.name]
+
+
+def test_compile_specs_cover_every_shipped_v3_config():
+    shipped = {(fmt, cfg) for fmt, cfg in configs.shipped() if cfg.kernel == 3}
+    assert shipped and all(any(f".{cfg.name}[{fmt}," in name for name in V3_SPECS) for fmt, cfg in shipped)
+
+
+@pytest.mark.parametrize("name", V3_SPECS)
+def test_v3_compiles_with_bf16_wgmma_and_no_spills(name):
+    pytest.importorskip("triton")
+    from tilefly.compile_check import compile_one
+
+    spec = {s.name: s for s in configs.compile_specs()}[name]
+    result = compile_one(spec)
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0 and result.registers <= 255
+
+
+# ---- on the H200 ----------------------------------------------------------------------------------
+
+def _run(a, b, sa, sb, swizzled, cfg, out, bias=None):
+    from tilefly.ops.mx_gemm import launch
+
+    p = eligibility.parse(a, b, sa, sb, swizzled, swizzled)
+    launch.run(p, a, b, sa, sb, out, bias, cfg=cfg)
+    torch.cuda.synchronize()
+    return out
+
+
+def _close(out, ref, eps):
+    torch.testing.assert_close(out.double(), ref, rtol=2 * eps, atol=2 * eps * ref.abs().max().item() + 1e-30)
+
+
+SHAPES = [(m, n, k) for m in (1, 16, 33, 64) for n in (256, 4096) for k in (256, 4096)] + [(4096, 32, 1024)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_every_v3_config_matches_float64(fmt, swizzled, m, n, k):
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=m + 3 * n + k)
+    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    for cfg in _v3(m, n, k, fmt):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _close(_run(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (33, 256, 4096), (4096, 7, 512)])
+def test_v3_bias_and_output_dtypes_into_poisoned_outputs(fmt, swizzled, dtype, m, n, k):
+    """Row-major and column-major outputs filled with NaN first: every element must be written."""
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=7)
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    ref = _reference(a, b, sa, sb, fmt, swizzled, bias)
+    eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+    for cfg in _v3(m, n, k, fmt):
+        for out in (torch.full((m, n), float("nan"), device="cuda", dtype=dtype),
+                    torch.full((n, m), float("nan"), device="cuda", dtype=dtype).t()):
+            _close(_run(a, b, sa, sb, swizzled, cfg, out, bias), ref, eps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n, k", [(1, 256, 160), (40, 4096, 4128), (4096, 33, 96), (5, 1000, 672)])
+def test_v3_k_tails_odd_slot_counts_and_byte_wise_scales(fmt, swizzled, m, n, k):
+    """K not a multiple of 128 (a partial last slot), odd slot counts per split (the unpaired slot
+    after the loop), and NO_SWIZZLE scales read byte by byte; padding bytes of the blocked layout set
+    to NaN must not matter."""
+    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=23)
+    if swizzled:
+        k_blocks = k // 32
+        for s, rows in ((sa, m), (sb, n)):
+            bits = s.view(torch.uint8).view(-1)
+            keep = mx.to_blocked(torch.zeros(rows, k_blocks, dtype=torch.uint8, device="cuda").add_(1)
+                                 .view(torch.float8_e8m0fnu)).view(torch.uint8) == 1
+            bits[~keep] = 255
+    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    assert not torch.isnan(ref).any()
+    for cfg in _v3(m, n, k, fmt):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _close(_run(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+
+
+def _data(fmt, rows, k, g):
+    values = torch.randn(rows, k, device="cuda", generator=g)
+    if fmt == "mxfp8":
+        return values.clamp(-448, 448).to(torch.float8_e4m3fn)
+    return mx.quantize(values, "mxfp4")[0]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n", [(1, 4096), (33, 256), (4096, 64)])
+def test_v3_extreme_scales_within_a_row_span_of_2_117_and_nan(fmt, swizzled, m, n):
+    """Rows whose scales sit at 2^-127 .. 2^-16 or 2^10 .. 2^121 (the other operand at the inverse,
+    so every product is representable): upcast relative to each row's largest scale and rescaled
+    exactly in the epilogue. One NaN scale byte per operand poisons its row or column."""
+    k = 512
+    g = torch.Generator(device="cuda").manual_seed(31)
+    a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
+    low = torch.tensor([0, 100, 10, 1, 111, 0, 60, 100, 0, 111, 30, 50, 0, 2, 90, 111], device="cuda",
+                       dtype=torch.int32)
+    bits_a = torch.where(torch.arange(m, device="cuda")[:, None] % 2 == 0, low, low + 137).to(torch.uint8)
+    delta = torch.randint(-3, 4, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    bits_b = (254 - low + delta).clamp(0, 254).to(torch.uint8)
+    bits_b[3, 5] = 255
+    nan_row = m // 2 if m > 1 else None
+    if nan_row is not None:
+        bits_a[nan_row, 9] = 255
+    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
+    if swizzled:
+        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
+    b = b_nk.t()
+    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    expect_nan = torch.zeros(m, n, dtype=torch.bool, device="cuda")
+    expect_nan[:, 3] = True
+    if nan_row is not None:
+        expect_nan[nan_row, :] = True
+    assert torch.equal(torch.isnan(ref), expect_nan)
+    finite = ref[~expect_nan]
+    assert finite.abs().max() > 1e-3 and torch.isfinite(finite).all()
+    for cfg in _v3(m, n, k, fmt):
+        out = torch.full((m, n), 12345.0, device="cuda", dtype=torch.float32)
+        _run(a, b, sa, sb, swizzled, cfg, out)
+        assert torch.equal(torch.isnan(out), expect_nan), cfg.name
+        _close(torch.where(expect_nan, 0.0, out), torch.where(expect_nan, 0.0, ref), 2.0 ** -13)
