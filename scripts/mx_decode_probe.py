@@ -42,8 +42,9 @@ def variants(rows: int, cols: int, k: int, fmt: str):
     base = configs.offered(rows, cols, k, fmt)
     more = []
     for cfg in (c for c in base if c.kernel in (2, 3)):
-        for stages in ((4, 8) if cfg.kernel == 2 else (2, 3, 4)):
-            alt = replace(cfg, stages=stages, max_splits=32)
+        for stages, sets in ([(4, 2), (8, 2)] if cfg.kernel == 2 else
+                             [(st, sets) for st in (2, 3, 4) for sets in (1, 2)]):
+            alt = replace(cfg, stages=stages, max_splits=32, bf16_sets=sets)
             if alt not in base and alt not in more and configs.static_reason(alt, fmt) is None:
                 more.append(alt)
     return [replace(c, max_splits=32) for c in base], more

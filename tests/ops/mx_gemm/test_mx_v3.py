@@ -1,6 +1,8 @@
 """MX GEMM kernel v3 (kernels_v3: operands upcast to BF16 in the CTA): configs on CPU, the sm_90a compile
 of its shipped builds (async BF16 wgmma, the exact E4M3 conversion, no spills); on the H200 every v3
 config against the float64 dequantized reference, poisoned outputs, K tails, extreme and NaN scales."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -25,7 +27,8 @@ def _reference(a, b, sa, sb, fmt, swizzled, bias=None):
 
 
 def _v3(m, n, k, fmt):
-    return configs.v3_configs(max(m, n), min(m, n), k, fmt)
+    built = configs.v3_configs(max(m, n), min(m, n), k, fmt)
+    return built + [replace(c, bf16_sets=1) for c in built]
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -43,6 +46,9 @@ def test_v3_smem_counts_both_sets_of_bf16_block_buffers():
     cfg = configs.MXConfig(64, 32, 4, 4, kernel=3)
     ring = 4 * (64 + 32) * 128
     assert cfg.smem_bytes("mxfp8") == ring + 2 * 4 * (64 + 32) * 32 * 2 + configs.SMEM_RESERVE
+    one_set = configs.MXConfig(64, 32, 4, 4, kernel=3, bf16_sets=1)
+    assert one_set.smem_bytes("mxfp8") == ring + 4 * (64 + 32) * 32 * 2 + configs.SMEM_RESERVE
+    assert one_set.name == "mx3_64x32_s4_w4_k16_b1" and cfg.name == "mx3_64x32_s4_w4_k16"
     assert configs.static_reason(configs.MXConfig(64, 32, 16, 4, kernel=3), "mxfp8").startswith("needs")
 
 
@@ -147,15 +153,15 @@ def _data(fmt, rows, k, g):
 @pytest.mark.parametrize("swizzled", [False, True])
 @pytest.mark.parametrize("m, n", [(1, 4096), (33, 256), (4096, 64)])
 def test_v3_extreme_scales_within_a_row_span_of_2_117_and_nan(fmt, swizzled, m, n):
-    """Rows whose scales sit at 2^-127 .. 2^-16 or 2^10 .. 2^121 (the other operand at the inverse,
-    so every product is representable): upcast relative to each row's largest scale and rescaled
-    exactly in the epilogue. One NaN scale byte per operand poisons its row or column."""
+    """One operand's rows at 2^-127 .. 2^-10, the other's at the inverse (2^10 .. 2^127, within a few
+    octaves), so every product is representable and each row spans up to 2^117: upcast relative to
+    each row's largest scale and rescaled exactly in the epilogue. One NaN scale byte per operand poisons its row or column."""
     k = 512
     g = torch.Generator(device="cuda").manual_seed(31)
     a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
     low = torch.tensor([0, 100, 10, 1, 111, 0, 60, 100, 0, 111, 30, 50, 0, 2, 90, 111], device="cuda",
                        dtype=torch.int32)
-    bits_a = torch.where(torch.arange(m, device="cuda")[:, None] % 2 == 0, low, low + 137).to(torch.uint8)
+    bits_a = torch.where(torch.arange(m, device="cuda")[:, None] % 2 == 0, low, low + 6).to(torch.uint8)
     delta = torch.randint(-3, 4, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
     bits_b = (254 - low + delta).clamp(0, 254).to(torch.uint8)
     bits_b[3, 5] = 255

@@ -46,7 +46,7 @@ V2_REGS_PER_THREAD = 248
 V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
 # v3 (kernels_v3.py): operands upcast to BF16 in the CTA; two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
-V3_BF16_BYTES = 2 * 4 * 32 * 2     # shared bytes per tile row (X and Y rows alike)
+V3_BF16_BYTES = 4 * 32 * 2         # shared bytes per tile row and buffer set (X and Y rows alike)
 V3_ACC_REGS_LIMIT = 64
 V3_REGS_PER_THREAD = 128           # sm_90a compile: 56-121 over the shipped builds
 V3_RING_TARGET = 48 * 1024         # ring bytes; with the BF16 buffers 2 programs of 64 rows share an SM
@@ -60,11 +60,13 @@ class MXConfig:
     num_warps: int
     max_splits: int = 16
     kernel: int = 1
+    bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
 
     @property
     def name(self) -> str:
         prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
-        return f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
+        sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
+        return f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}{sets}"
 
     @property
     def block_k(self) -> int:
@@ -80,7 +82,8 @@ class MXConfig:
 
     def smem_bytes(self, fmt: str) -> int:
         if self.kernel == 3:    # two sets of four BF16 K-block buffers (kernels_v3.py)
-            return self.stages * self.item_bytes(fmt) + V3_BF16_BYTES * (self.block_m + self.block_n) + SMEM_RESERVE
+            return (self.stages * self.item_bytes(fmt) + V3_BF16_BYTES * self.bf16_sets * (self.block_m + self.block_n)
+                    + SMEM_RESERVE)
         buffers = 1 if self.kernel == 1 else 2
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
         return self.stages * self.item_bytes(fmt) + unpacked + SMEM_RESERVE
@@ -215,6 +218,8 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
                       Y_SWIZZLED=y_swizzled)
     if cfg.kernel in (2, 3):
         constexprs.update(X_WORDS=words, Y_WORDS=words)
+    if cfg.kernel == 3:
+        constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages, num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs

@@ -105,19 +105,21 @@ def bf16_block_layout(rows):
 
 
 @gluon.jit
-def alloc_block_buffers(ROWS: gl.constexpr):
-    """Eight BF16 K-block buffers [ROWS, 32] (two slots' worth), each its own allocation: stores into
-    one then another need no CTA barrier between them (the barrier pass tells allocations apart,
-    not the slices of one)."""
+def alloc_block_buffers(ROWS: gl.constexpr, SETS: gl.constexpr):
+    """SETS x 4 BF16 K-block buffers [ROWS, 32], each its own allocation: stores into one then
+    another need no CTA barrier between them (the barrier pass tells allocations apart, not the
+    slices of one)."""
     layout: gl.constexpr = bf16_block_layout(ROWS)
-    return (gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
-            gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
-            gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
-            gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
-            gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
+    bufs = (gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
             gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
             gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
             gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout))
+    if SETS == 2:
+        bufs = bufs + (gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
+                       gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
+                       gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout),
+                       gl.allocate_shared_memory(gl.bfloat16, [ROWS, SCALE_BLOCK], layout))
+    return bufs
 
 
 @gluon.jit
@@ -219,8 +221,8 @@ def mx_gemm_v3_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       slots_per_split,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
-                      Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+                      Y_WORDS: gl.constexpr, SETS: gl.constexpr, BIAS: gl.constexpr,
+                      C_ROWS_CONTIGUOUS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 16)
     x_rows_layout: gl.constexpr = gl.SliceLayout(1, block_layout(FP4, BLOCK_M, num_warps))
     y_rows_layout: gl.constexpr = gl.SliceLayout(1, block_layout(FP4, BLOCK_N, num_warps))
@@ -234,8 +236,8 @@ def mx_gemm_v3_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     n_kb = gl.minimum(k_slots * BLOCKS_PER_SLOT, k_blocks - kb_first)
 
     x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
-    x_bf = alloc_block_buffers(BLOCK_M)
-    y_bf = alloc_block_buffers(BLOCK_N)
+    x_bf = alloc_block_buffers(BLOCK_M, SETS)
+    y_bf = alloc_block_buffers(BLOCK_N, SETS)
     for i in gl.static_range(STAGES):
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
                    True, True, STAGES, pred=i < k_slots)
@@ -265,9 +267,11 @@ def mx_gemm_v3_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                               stride_sxc, stride_syr, stride_syc, X_SWIZZLED, Y_SWIZZLED, X_WORDS, Y_WORDS, 1)
         acc = slot_step(x_desc, y_desc, x_bufs, y_bufs, bars, x_bf, y_bf, acc, s, k_slots, slot_first, off_m, off_n,
                         wx0, wy0, x_ref, y_ref, k_blocks, 0, FP4, BLOCK_M, BLOCK_N, STAGES, num_warps)
+        if SETS == 1:   # one set: this slot's wgmmas must retire before the next slot overwrites it
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc = slot_step(x_desc, y_desc, x_bufs, y_bufs, bars, x_bf, y_bf, acc, s + 1, k_slots, slot_first, off_m,
-                        off_n, wx1, wy1, x_ref, y_ref, k_blocks, BLOCKS_PER_SLOT, FP4, BLOCK_M, BLOCK_N, STAGES,
-                        num_warps)
+                        off_n, wx1, wy1, x_ref, y_ref, k_blocks, (SETS - 1) * BLOCKS_PER_SLOT, FP4, BLOCK_M, BLOCK_N,
+                        STAGES, num_warps)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         wx0, wy0, wx1, wy1 = wx2, wy2, wx3, wy3
     if k_slots % 2:

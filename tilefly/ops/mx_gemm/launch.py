@@ -127,6 +127,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y)
     if cfg.kernel in (2, 3):
         constexprs.update(X_WORDS=_scale_words(sx, swz_x, k_blocks), Y_WORDS=_scale_words(sy, swz_y, k_blocks))
+    if cfg.kernel == 3:
+        constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
                       STAGES=cfg.stages, num_warps=cfg.num_warps)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
