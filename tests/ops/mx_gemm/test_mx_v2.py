@@ -50,11 +50,13 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
 @pytest.mark.parametrize("fmt, rows, cols, name", [
     ("mxfp8", 4096, 32, "mx2_128x32"), ("mxfp4", 4096, 32, "mx2_128x32"), ("mxfp8", 4096, 8, "mx2_128x8"),
     ("mxfp8", 14336, 32, "mx2_128x32"),
-    ("mxfp8", 4096, 64, "mx2_128x64"), ("mxfp4", 4096, 64, "mx2_64x64"), ("mxfp8", 8192, 8192, "mx2_64x64")])
+    ("mxfp8", 4096, 64, "mx3_64x64"), ("mxfp4", 4096, 64, "mx3_64x64"), ("mxfp8", 4096, 33, "mx3_64x64"),
+    ("mxfp8", 8192, 8192, "mx2_64x64")])
 def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
-    """The fastest config per shape class in the mxfp_gemm suite at 0370dbf and, for <= 32 tokens,
-    the decode probe at 0de94ef (BENCHMARKS.md)."""
+    """The fastest config per shape class in the mxfp_gemm suite at 0370dbf and, for <= 64 tokens,
+    the decode probes at 0de94ef and 2ca6e96 (BENCHMARKS.md); ``exact`` keeps v3 out."""
     assert configs.pick(rows, cols, 4096, fmt).name.startswith(name + "_")
+    assert configs.pick(rows, cols, 4096, fmt, exact=True).kernel == 2
 
 
 def test_v2_smem_counts_the_double_unpack_buffer():

@@ -49,7 +49,6 @@ V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
 V3_BF16_BYTES = 4 * 32 * 2         # shared bytes per tile row and buffer set (X and Y rows alike)
 V3_ACC_REGS_LIMIT = 64
 V3_REGS_PER_THREAD = 128           # sm_90a compile: 56-121 over the shipped builds
-V3_RING_TARGET = 48 * 1024         # ring bytes; with the BF16 buffers 2 programs of 64 rows share an SM
 
 
 @dataclass(frozen=True)
@@ -150,20 +149,15 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     return out
 
 
-def _v3_stages(block_m: int, block_n: int, fmt: str) -> int:
-    item = MXConfig(block_m, block_n, 2, 4, kernel=3).item_bytes(fmt)
-    return max(2, min(V2_MAX_STAGES, V3_RING_TARGET // item))
-
-
 def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """v3 builds (kernels_v3: operands upcast to BF16 in the CTA) for a rows x cols problem with
-    cols <= 64 (the decode shapes it was written for): 64 rows over one warpgroup and 128 rows over
-    one (twice the weight rows per upcast token tile)."""
-    if cols > 64:
+    """The v3 build (kernels_v3: operands upcast to BF16 in the CTA) for 33-64 columns: 64 rows over
+    one warpgroup, a two-slot ring. H200 decode probe (BENCHMARKS.md, session 21): at 64 tokens it took
+    23.8 / 25.1 us (MXFP8 / MXFP4, 4096 x 4096) against v2's best 28.6 / 32.9; at 8-32 tokens it tied
+    or lost to v2 (within 1 us at 32 tokens, 2.7-4.1 us slower at 8), so it is not built there."""
+    if not 32 < cols <= 64:
         return []
-    block_n = small_slot(cols)
-    out = [MXConfig(block_m, block_n, _v3_stages(block_m, block_n, fmt), 4, kernel=3) for block_m in (64, 128)]
-    return [c for c in out if static_reason(c, fmt) is None]
+    cfg = MXConfig(64, small_slot(cols), 2, 4, kernel=3)
+    return [cfg] if static_reason(cfg, fmt) is None else []
 
 
 def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
@@ -173,13 +167,17 @@ def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     return MXConfig(128, block_n, _stages(128, block_n, fmt), num_warps)
 
 
-def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
-    """The config the eager path runs (rows >= cols): v2 everywhere, 128 rows for <= 32 tokens,
-    128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above (mxfp_gemm suite, 0370dbf).
+def pick(rows: int, cols: int, k: int, fmt: str, exact: bool = False) -> MXConfig:
+    """The config the eager path runs (rows >= cols): v3 at 33-64 tokens (``v3_configs``) unless
+    ``exact`` (v3 shares the BF16 route's exactness limit, upcast.py); otherwise v2, 128 rows for
+    <= 32 tokens, 128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above (mxfp_gemm suite, 0370dbf).
     v1 won 4096-row weights with <= 32 tokens at 0370dbf; on the decode probe at 0de94ef
     (scripts/mx_decode_probe.py, H200) it took 1.2-6x v2's time on every such shape (MXFP4
     32 x 4096 x 4096: 61.9 us against 23.2), and v2's 128-row build took at most 1.17x the time
     of the best v2 build and split count on all eight (BENCHMARKS.md, session 18)."""
+    v3 = v3_configs(rows, cols, k, fmt)
+    if v3 and not exact:
+        return v3[0]
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
     chosen = v2_wide if cols <= 32 or (cols <= 64 and fmt == "mxfp8") else v2_narrow
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
@@ -273,6 +271,9 @@ def compile_specs():
         cfg2 = v2_configs(4096, 16, 4096, fmt)[0]
         variants.append((fmt, cfg2, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg2, False, True, 2, "bf16", True, False))
+        for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
+            variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
+            variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
     specs = []
     for fmt, cfg, xs, ys, bias, out, rows, words in variants:
         sig, constexprs = kernel_signature(cfg, fmt, xs, ys, bias, out, rows, words)
