@@ -1,12 +1,13 @@
 """MX GEMM kernel configs: tile, ring depth and warps per shape, and the compile specs CI builds.
 
 An ``MXConfig`` is one build of an MX kernel: ``kernel`` 1 (``kernels.mx_gemm_kernel``, a ring
-slot is one K-block of 32) or 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK_K = 128 K
-elements, async wgmma with the block-scale promotion overlapped), ``block_m`` rows of the big
+slot is one K-block of 32), 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK_K = 128 K
+elements, async wgmma with the block-scale promotion overlapped) or 3 (``kernels_v3``, the same
+slots upcast to BF16 in the CTA, for 33-64 tokens), ``block_m`` rows of the big
 side (the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring slots,
 ``num_warps``, and the most K-splits the launcher may use (it splits K until every SM runs
 ``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses one per problem (rows >= cols after
-the launcher's swap; v1 for now); ``offered`` lists the configs the benchmark races, v1's and v2's.
+the launcher's swap); ``offered`` lists the configs the benchmark races (v1, v2, and v3 at 33-64 columns).
 
 First version, not yet tuned on the H200: the ring holds ~48 KB of operands per program and
 an SM runs up to three programs, well over the ~32 KB in flight an SM needs to stream at HBM
@@ -185,7 +186,8 @@ def pick(rows: int, cols: int, k: int, fmt: str, exact: bool = False) -> MXConfi
 
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
-    the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``)."""
+    the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``) and, at 33-64
+    columns, v3 (``v3_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
     return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v3_configs(rows, cols, k, fmt))

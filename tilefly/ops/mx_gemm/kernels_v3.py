@@ -4,12 +4,14 @@ wgmma chain a slot, with no per-K-block work on the accumulator.
 Same problem and contract as v1 and v2 (kernels.py explains the math): C = X @ Y^T, X [ROWS, K] and
 Y [COLS, K] K-major MXFP8 bytes or MXFP4 nibble pairs, one E8M0 scale per row per 32 K.
 
-Why: v2 multiplies FP8 tiles per 32-K block and scales every partial into the accumulator. On decode
-shapes (32 tokens) that is one partial element per weight byte, ~12 instructions a byte in all, and
-Nsight Compute (BENCHMARKS.md, session 21) shows its warps stalled on the per-block scale words and
-the wgmma waits: 0.8 TB/s of weights. Here the scale goes into the operand instead: x * 2^(e - e_ref)
-is exact in BF16 (8 exponent bits) for every E4M3 or E2M1 value x, so a K-block's scale is one BF16
-multiply per element and the wgmmas of a slot accumulate back to back.
+Why: v2 multiplies FP8 tiles per 32-K block and scales every partial into the accumulator: at 64
+tokens that is two partial elements per weight byte. Here the scale goes into the operand instead:
+x * 2^(e - e_ref) is exact in BF16 (8 exponent bits) for every E4M3 or E2M1 value x, so a K-block's
+scale is one BF16 multiply per element and the wgmmas of a slot accumulate back to back. Measured on
+the H200 (BENCHMARKS.md, session 21): 23.4-25.1 us at 64 x 4096 x 4096 against v2's 28.6-32.9, so
+the eager path runs it at 33-64 tokens; at 32 tokens it ties v2 (both ~20 us, 0.9 TB/s of weights:
+Nsight Compute puts v2's stalls on its scale-word loads and CTA barriers; this kernel prefetches the
+words two slots ahead and is no faster, so the bound is elsewhere) and at 8 tokens it loses (16.6 against 13.9 us).
 
 Layout plan (one program per (output tile, K-split); num_warps 4 = one warpgroup, or 8 = two stacked
 along M for BLOCK_M = 128):
@@ -36,9 +38,15 @@ along M for BLOCK_M = 128):
                     store the same bytes.
     MMA             the slot's four K-blocks: four async BF16 wgmmas (K = 32, two instructions each)
                     from the block buffers, chained on one FP32 accumulator of
-                    BLOCK_M * BLOCK_N / (32 * num_warps) values a thread. Block buffers come in two
-                    sets by slot parity: slot s + 1 is upcast while slot s's wgmmas run; before a set
-                    is overwritten, ``warpgroup_mma_wait`` retires the wgmmas of two slots back.
+                    BLOCK_M * BLOCK_N / (32 * num_warps) values a thread. Slots go in pairs: with
+                    SETS = 2 (two sets of block buffers, each buffer its own allocation so the
+                    barrier pass does not serialize their stores) the second slot is upcast while the
+                    first slot's wgmmas run; with SETS = 1 the first slot's wgmmas retire before the
+                    second slot overwrites the set. Each pair drains before the loop's back edge
+                    (a wgmma in flight there makes ptxas serialize all of them, C7514); an odd last
+                    slot runs after the loop. Shared memory: STAGES ring slots plus SETS x 4 x
+                    (BLOCK_M + BLOCK_N) x 64 bytes of BF16 buffers (the shipped 64x64 build, two slots and
+                    two sets: 97 KB for MXFP8, 81 KB for MXFP4).
     scales          one 32-bit word (the 4 bytes of a slot's K-blocks) per thread row, v2's
                     ``slot_scale_words``, loaded two slots ahead so their latency hides behind two
                     slots of upcasts and MMAs (v2 loads one ahead and stalls on them).
