@@ -53,6 +53,7 @@ def test_v3_smem_counts_both_sets_of_bf16_block_buffers():
     one_set = configs.MXConfig(64, 32, 4, 4, kernel=3, bf16_sets=1)
     assert one_set.smem_bytes("mxfp8") == ring + 4 * (64 + 32) * 32 * 2 + configs.SMEM_RESERVE
     assert one_set.name == "mx3_64x32_s4_w4_k16_b1" and cfg.name == "mx3_64x32_s4_w4_k16"
+    assert configs.static_reason(replace(cfg, bf16_sets=3), "mxfp8") == "bf16_sets must be 1 or 2"
     assert configs.static_reason(configs.MXConfig(64, 32, 16, 4, kernel=3), "mxfp8").startswith("needs")
 
 

@@ -45,11 +45,11 @@ V2_RING_TARGET = {"mxfp8": 96 * 1024, "mxfp4": 64 * 1024}
 V2_MAX_STAGES = 8
 V2_REGS_PER_THREAD = 248
 V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
-# v3 (kernels_v3.py): operands upcast to BF16 in the CTA; two sets of four [rows, 32] BF16 K-block
+# v3 (kernels_v3.py): operands upcast to BF16 in the CTA; one or two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
 V3_BF16_BYTES = 4 * 32 * 2         # shared bytes per tile row and buffer set (X and Y rows alike)
 V3_ACC_REGS_LIMIT = 64
-V3_REGS_PER_THREAD = 128           # sm_90a compile: 56-121 over the shipped builds
+V3_REGS_PER_THREAD = 128           # sm_90a compile: 128-147 for the shipped 64x64 build
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class MXConfig:
         return (self.block_m + self.block_n) * self.row_bytes(fmt)
 
     def smem_bytes(self, fmt: str) -> int:
-        if self.kernel == 3:    # two sets of four BF16 K-block buffers (kernels_v3.py)
+        if self.kernel == 3:    # bf16_sets sets of four BF16 K-block buffers (kernels_v3.py)
             return (self.stages * self.item_bytes(fmt) + V3_BF16_BYTES * self.bf16_sets * (self.block_m + self.block_n)
                     + SMEM_RESERVE)
         buffers = 1 if self.kernel == 1 else 2
@@ -108,6 +108,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "accumulator and partial would not fit in registers"
     if cfg.stages < 2:
         return "at least 2 stages"
+    if cfg.kernel == 3 and cfg.bf16_sets not in (1, 2):
+        return "bf16_sets must be 1 or 2"
     if cfg.smem_bytes(fmt) > SMEM_LIMIT:
         return f"needs {cfg.smem_bytes(fmt)} bytes of shared memory"
     if not 1 <= cfg.max_splits <= 32:
@@ -153,8 +155,9 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """The v3 build (kernels_v3: operands upcast to BF16 in the CTA) for 33-64 columns: 64 rows over
     one warpgroup, a two-slot ring. H200 decode probe (BENCHMARKS.md, session 21): at 64 tokens it took
-    23.8 / 25.1 us (MXFP8 / MXFP4, 4096 x 4096) against v2's best 28.6 / 32.9; at 8-32 tokens it tied
-    or lost to v2 (within 1 us at 32 tokens, 2.7-4.1 us slower at 8), so it is not built there."""
+    23.8 / 25.1 us (MXFP8 / MXFP4, 4096 x 4096) against v2's best 28.6 / 32.9. At 32 tokens it was
+    1.9 us faster to 3.1 us slower than v2 depending on the shape, at 16 tokens (x 4096 x 14336) 6-7 us
+    slower and at 8 tokens 2.3-2.7 us slower, so it is not built there."""
     if not 32 < cols <= 64:
         return []
     cfg = MXConfig(64, small_slot(cols), 2, 4, kernel=3)
