@@ -161,7 +161,6 @@ def test_nan_scales_poison_their_row_and_column(fmt, swizzle):
 @pytest.mark.parametrize("m, n", [(1, 4096), (300, 200), (4096, 8)])
 def test_every_output_element_is_written(fmt, m, n):
     """launch.run into a NaN-poisoned output, row-major and column-major."""
-    from tilefly._triton_launch import CachedLaunch
     from tilefly.ops.mx_gemm import launch
 
     a, b, sa, sb = _quantized(fmt, m, n, 1024, "none", seed=17)

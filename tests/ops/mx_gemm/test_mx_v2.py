@@ -9,21 +9,8 @@ import torch
 from tilefly import _device, mx
 from tilefly.ops.mx_gemm import configs, eligibility
 
-SWIZZLE_NAME = {False: "none", True: "32_4_4"}
-
-
-def _operands(fmt, m, n, k, swizzled, device="cpu", seed=0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    qa = mx.quantize(torch.randn(m, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
-    qb = mx.quantize(torch.randn(n, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
-    return qa[0], qb[0].t(), qa[1], qb[1]
-
-
-def _reference(a, b, sa, sb, fmt, swizzled, bias=None):
-    da = mx.dequantize(a, sa, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
-    db = mx.dequantize(b.t(), sb, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
-    out = da @ db.t()
-    return out if bias is None else out + bias.double()
+from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operands, poison_swizzle_padding,
+                      raw_data, reference, run_config)
 
 
 def _v2(m, n, k, fmt):
@@ -119,7 +106,7 @@ def _named_args(plan):
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 def test_v2_plan_splits_k_in_slots_and_reads_scale_words(launch_cpu, fmt):
-    a, b, sa, sb = _operands(fmt, 16, 4096, 4096, False)
+    a, b, sa, sb = operands(fmt, 16, 4096, 4096, False)
     sb_swz = mx.to_blocked(sb)
     p = eligibility.parse(a, b, sa, sb_swz, False, True)
     out = torch.empty(16, 4096, dtype=torch.bfloat16)
@@ -137,7 +124,7 @@ def test_v2_plan_splits_k_in_slots_and_reads_scale_words(launch_cpu, fmt):
 
 
 def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
-    a, b, sa, sb = _operands("mxfp8", 8, 256, 160, False)         # K / 32 = 5: not whole words
+    a, b, sa, sb = operands("mxfp8", 8, 256, 160, False)         # K / 32 = 5: not whole words
     p = eligibility.parse(a, b, sa, sb, False, False)
     plan = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(8, 256, dtype=torch.bfloat16), None,
                                _v2(8, 256, 160, "mxfp8")[0])
@@ -164,19 +151,6 @@ def test_v2_compiles_with_async_wgmma_and_no_spills(name):
 
 # ---- on the H200 ----------------------------------------------------------------------------------
 
-def _run(fmt, a, b, sa, sb, swizzled, cfg, out, bias=None):
-    from tilefly.ops.mx_gemm import launch
-
-    p = eligibility.parse(a, b, sa, sb, swizzled, swizzled)
-    launch.run(p, a, b, sa, sb, out, bias, cfg=cfg)
-    torch.cuda.synchronize()
-    return out
-
-
-def _close(out, ref, eps):
-    torch.testing.assert_close(out.double(), ref, rtol=2 * eps, atol=2 * eps * ref.abs().max().item() + 1e-30)
-
-
 SHAPES = [(m, n, k) for m in (1, 16, 33, 128, 4096) for n in (256, 4096) for k in (256, 4096)]
 
 
@@ -185,11 +159,11 @@ SHAPES = [(m, n, k) for m in (1, 16, 33, 128, 4096) for n in (256, 4096) for k i
 @pytest.mark.parametrize("swizzled", [False, True])
 @pytest.mark.parametrize("m, n, k", SHAPES)
 def test_every_v2_config_matches_float64(fmt, swizzled, m, n, k):
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=m + 3 * n + k)
-    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=m + 3 * n + k)
+    ref = reference(a, b, sa, sb, fmt, swizzled)
     for cfg in _v2(m, n, k, fmt):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+        close(run_config(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
 
 
 SHIPPED_V2 = [(fmt, cfg) for fmt, cfg in configs.shipped() if cfg.kernel == 2]
@@ -202,9 +176,9 @@ def test_every_shipped_v2_config_on_a_decode_shape(fmt, cfg, swizzled):
     """block_n - 1 tokens against a 4096 x 4096 weight (swapped: weight rows in the wgmma M slot),
     so the config's own tile width is the one that runs, with a partial column tile."""
     m, n, k = max(1, cfg.block_n - 1), 4096, 4096
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=37)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=37)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out), _reference(a, b, sa, sb, fmt, swizzled), 2.0 ** -8)
+    close(run_config(a, b, sa, sb, swizzled, cfg, out), reference(a, b, sa, sb, fmt, swizzled), 2.0 ** -8)
 
 
 @pytest.mark.cuda
@@ -214,14 +188,14 @@ def test_every_shipped_v2_config_on_a_decode_shape(fmt, cfg, swizzled):
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (33, 256, 4096), (4096, 256, 256), (128, 4096, 256)])
 def test_v2_bias_and_output_dtypes_into_poisoned_outputs(fmt, swizzled, dtype, m, n, k):
     """Row-major and column-major outputs filled with NaN first: every element must be written."""
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=7)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=7)
     bias = torch.randn(n, device="cuda", dtype=dtype)
-    ref = _reference(a, b, sa, sb, fmt, swizzled, bias)
+    ref = reference(a, b, sa, sb, fmt, swizzled, bias)
     eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
     for cfg in _v2(m, n, k, fmt):
         for out in (torch.full((m, n), float("nan"), device="cuda", dtype=dtype),
                     torch.full((n, m), float("nan"), device="cuda", dtype=dtype).t()):
-            _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out, bias), ref, eps)
+            close(run_config(a, b, sa, sb, swizzled, cfg, out, bias), ref, eps)
 
 
 @pytest.mark.cuda
@@ -231,19 +205,14 @@ def test_v2_bias_and_output_dtypes_into_poisoned_outputs(fmt, swizzled, dtype, m
 def test_v2_k_tails_and_byte_wise_scales(fmt, swizzled, m, n, k):
     """K not a multiple of 128: the last slot is partly past K (zero-filled operands, neutral or
     padded scale bytes), and NO_SWIZZLE scales are read byte by byte."""
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=23)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=23)
     if swizzled:   # padding bytes of the blocked layout must not matter, even NaN ones
-        k_blocks = k // 32
-        for s, rows in ((sa, m), (sb, n)):
-            bits = s.view(torch.uint8).view(-1)
-            keep = mx.to_blocked(torch.zeros(rows, k_blocks, dtype=torch.uint8, device="cuda").add_(1)
-                                 .view(torch.float8_e8m0fnu)).view(torch.uint8) == 1
-            bits[~keep] = 255
-    ref = _reference(a, b, sa, sb, fmt, swizzled)
+        poison_swizzle_padding(sa, sb, m, n, k)
+    ref = reference(a, b, sa, sb, fmt, swizzled)
     assert not torch.isnan(ref).any()
     for cfg in _v2(m, n, k, fmt):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        _close(_run(fmt, a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+        close(run_config(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
 
 
 @pytest.mark.cuda
@@ -251,24 +220,17 @@ def test_v2_k_tails_and_byte_wise_scales(fmt, swizzled, m, n, k):
 def test_v2_strided_no_swizzle_scales(fmt):
     """Scale rows padded to an odd stride: no 32-bit words, the byte path serves."""
     m, n, k = 33, 4096, 1024
-    a, b, sa, sb = _operands(fmt, m, n, k, False, "cuda", seed=29)
+    a, b, sa, sb = operands(fmt, m, n, k, False, "cuda", seed=29)
     wide_a = torch.zeros(m, k // 32 + 1, device="cuda", dtype=torch.uint8)
     wide_b = torch.zeros(n, k // 32 + 1, device="cuda", dtype=torch.uint8)
     wide_a[:, : k // 32] = sa.view(torch.uint8)
     wide_b[:, : k // 32] = sb.view(torch.uint8)
     sa2 = wide_a[:, : k // 32].view(torch.float8_e8m0fnu)
     sb2 = wide_b[:, : k // 32].view(torch.float8_e8m0fnu)
-    ref = _reference(a, b, sa, sb, fmt, False)
+    ref = reference(a, b, sa, sb, fmt, False)
     for cfg in _v2(m, n, k, fmt):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        _close(_run(fmt, a, b, sa2, sb2, False, cfg, out), ref, 2.0 ** -8)
-
-
-def _data(fmt, rows, k, g):
-    values = torch.randn(rows, k, device="cuda", generator=g)
-    if fmt == "mxfp8":
-        return values.clamp(-448, 448).to(torch.float8_e4m3fn)
-    return mx.quantize(values, "mxfp4")[0]
+        close(run_config(a, b, sa2, sb2, False, cfg, out), ref, 2.0 ** -8)
 
 
 @pytest.mark.cuda
@@ -280,32 +242,15 @@ def test_v2_extreme_and_nan_scales(fmt, swizzled, m, n):
     representable (the exact scaling path); one NaN scale byte per operand poisons its row/column."""
     k = 512
     g = torch.Generator(device="cuda").manual_seed(31)
-    a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
+    a, b_nk = raw_data(fmt, m, k, g), raw_data(fmt, n, k, g)
     base = torch.tensor([0, 254, 127, 1, 253, 0, 254, 100, 0, 254, 30, 200, 0, 254, 127, 127],
                         device="cuda", dtype=torch.int32)
     delta = torch.randint(-6, 7, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
     bits_a = base.expand(m, -1).contiguous().to(torch.uint8)
     bits_b = (254 - base + delta).clamp(0, 254).to(torch.uint8)
-    bits_b[3, 5] = 255
-    nan_row = m // 2 if m > 1 else None
-    if nan_row is not None:
-        bits_a[nan_row, 9] = 255
-    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
-    if swizzled:
-        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
-    b = b_nk.t()
-    ref = _reference(a, b, sa, sb, fmt, swizzled)
-    expect_nan = torch.zeros(m, n, dtype=torch.bool, device="cuda")
-    expect_nan[:, 3] = True
-    if nan_row is not None:
-        expect_nan[nan_row, :] = True
-    assert torch.equal(torch.isnan(ref), expect_nan)
-    assert ref[~expect_nan].abs().max() > 1e-3 and torch.isfinite(ref[~expect_nan]).all()
+    b, sa, sb, ref, expect_nan = extreme_scale_case(fmt, swizzled, a, b_nk, bits_a, bits_b)
     for cfg in _v2(m, n, k, fmt):
-        out = torch.full((m, n), 12345.0, device="cuda", dtype=torch.float32)
-        _run(fmt, a, b, sa, sb, swizzled, cfg, out)
-        assert torch.equal(torch.isnan(out), expect_nan), cfg.name
-        _close(torch.where(expect_nan, 0.0, out), torch.where(expect_nan, 0.0, ref), 2.0 ** -13)
+        check_extreme_scale_run(a, b, sa, sb, swizzled, cfg, ref, expect_nan)
 
 
 # ---- the FP4 unpack's PRMT program, transcribed to Python ----------------------------------------

@@ -7,23 +7,10 @@ import pytest
 import torch
 
 from tilefly import mx
-from tilefly.ops.mx_gemm import configs, eligibility
+from tilefly.ops.mx_gemm import configs
 
-SWIZZLE_NAME = {False: "none", True: "32_4_4"}
-
-
-def _operands(fmt, m, n, k, swizzled, device="cpu", seed=0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    qa = mx.quantize(torch.randn(m, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
-    qb = mx.quantize(torch.randn(n, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
-    return qa[0], qb[0].t(), qa[1], qb[1]
-
-
-def _reference(a, b, sa, sb, fmt, swizzled, bias=None):
-    da = mx.dequantize(a, sa, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
-    db = mx.dequantize(b.t(), sb, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
-    out = da @ db.t()
-    return out if bias is None else out + bias.double()
+from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operands, poison_swizzle_padding,
+                      raw_data, reference, run_config)
 
 
 def _v3(m, n, k, fmt):
@@ -80,19 +67,6 @@ def test_v3_compiles_with_bf16_wgmma_and_no_spills(name):
 
 # ---- on the H200 ----------------------------------------------------------------------------------
 
-def _run(a, b, sa, sb, swizzled, cfg, out, bias=None):
-    from tilefly.ops.mx_gemm import launch
-
-    p = eligibility.parse(a, b, sa, sb, swizzled, swizzled)
-    launch.run(p, a, b, sa, sb, out, bias, cfg=cfg)
-    torch.cuda.synchronize()
-    return out
-
-
-def _close(out, ref, eps):
-    torch.testing.assert_close(out.double(), ref, rtol=2 * eps, atol=2 * eps * ref.abs().max().item() + 1e-30)
-
-
 SHAPES = [(m, n, k) for m in (1, 16, 33, 64) for n in (256, 4096) for k in (256, 4096)] + [(4096, 32, 1024)]
 
 
@@ -101,11 +75,11 @@ SHAPES = [(m, n, k) for m in (1, 16, 33, 64) for n in (256, 4096) for k in (256,
 @pytest.mark.parametrize("swizzled", [False, True])
 @pytest.mark.parametrize("m, n, k", SHAPES)
 def test_every_v3_config_matches_float64(fmt, swizzled, m, n, k):
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=m + 3 * n + k)
-    ref = _reference(a, b, sa, sb, fmt, swizzled)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=m + 3 * n + k)
+    ref = reference(a, b, sa, sb, fmt, swizzled)
     for cfg in _v3(m, n, k, fmt):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        _close(_run(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+        close(run_config(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
 
 
 @pytest.mark.cuda
@@ -115,14 +89,14 @@ def test_every_v3_config_matches_float64(fmt, swizzled, m, n, k):
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (33, 256, 4096), (4096, 7, 512)])
 def test_v3_bias_and_output_dtypes_into_poisoned_outputs(fmt, swizzled, dtype, m, n, k):
     """Row-major and column-major outputs filled with NaN first: every element must be written."""
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=7)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=7)
     bias = torch.randn(n, device="cuda", dtype=dtype)
-    ref = _reference(a, b, sa, sb, fmt, swizzled, bias)
+    ref = reference(a, b, sa, sb, fmt, swizzled, bias)
     eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
     for cfg in _v3(m, n, k, fmt):
         for out in (torch.full((m, n), float("nan"), device="cuda", dtype=dtype),
                     torch.full((n, m), float("nan"), device="cuda", dtype=dtype).t()):
-            _close(_run(a, b, sa, sb, swizzled, cfg, out, bias), ref, eps)
+            close(run_config(a, b, sa, sb, swizzled, cfg, out, bias), ref, eps)
 
 
 @pytest.mark.cuda
@@ -133,26 +107,14 @@ def test_v3_k_tails_odd_slot_counts_and_byte_wise_scales(fmt, swizzled, m, n, k)
     """K not a multiple of 128 (a partial last slot), odd slot counts per split (the unpaired slot
     after the loop), and NO_SWIZZLE scales read byte by byte; padding bytes of the blocked layout set
     to NaN must not matter."""
-    a, b, sa, sb = _operands(fmt, m, n, k, swizzled, "cuda", seed=23)
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=23)
     if swizzled:
-        k_blocks = k // 32
-        for s, rows in ((sa, m), (sb, n)):
-            bits = s.view(torch.uint8).view(-1)
-            keep = mx.to_blocked(torch.zeros(rows, k_blocks, dtype=torch.uint8, device="cuda").add_(1)
-                                 .view(torch.float8_e8m0fnu)).view(torch.uint8) == 1
-            bits[~keep] = 255
-    ref = _reference(a, b, sa, sb, fmt, swizzled)
+        poison_swizzle_padding(sa, sb, m, n, k)
+    ref = reference(a, b, sa, sb, fmt, swizzled)
     assert not torch.isnan(ref).any()
     for cfg in _v3(m, n, k, fmt):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        _close(_run(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
-
-
-def _data(fmt, rows, k, g):
-    values = torch.randn(rows, k, device="cuda", generator=g)
-    if fmt == "mxfp8":
-        return values.clamp(-448, 448).to(torch.float8_e4m3fn)
-    return mx.quantize(values, "mxfp4")[0]
+        close(run_config(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
 
 
 @pytest.mark.cuda
@@ -162,33 +124,16 @@ def _data(fmt, rows, k, g):
 def test_v3_extreme_scales_within_a_row_span_of_2_117_and_nan(fmt, swizzled, m, n):
     """One operand's rows at 2^-127 .. 2^-10, the other's at the inverse (2^10 .. 2^127, within a few
     octaves), so every product is representable and each row spans up to 2^117: upcast relative to
-    each row's largest scale and rescaled exactly in the epilogue. One NaN scale byte per operand poisons its row or column."""
+    each row's largest scale and rescaled exactly in the epilogue. One NaN scale byte per operand
+    poisons its row or column."""
     k = 512
     g = torch.Generator(device="cuda").manual_seed(31)
-    a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
+    a, b_nk = raw_data(fmt, m, k, g), raw_data(fmt, n, k, g)
     low = torch.tensor([0, 100, 10, 1, 111, 0, 60, 100, 0, 111, 30, 50, 0, 2, 90, 111], device="cuda",
                        dtype=torch.int32)
     bits_a = torch.where(torch.arange(m, device="cuda")[:, None] % 2 == 0, low, low + 6).to(torch.uint8)
     delta = torch.randint(-3, 4, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
     bits_b = (254 - low + delta).clamp(0, 254).to(torch.uint8)
-    bits_b[3, 5] = 255
-    nan_row = m // 2 if m > 1 else None
-    if nan_row is not None:
-        bits_a[nan_row, 9] = 255
-    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
-    if swizzled:
-        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
-    b = b_nk.t()
-    ref = _reference(a, b, sa, sb, fmt, swizzled)
-    expect_nan = torch.zeros(m, n, dtype=torch.bool, device="cuda")
-    expect_nan[:, 3] = True
-    if nan_row is not None:
-        expect_nan[nan_row, :] = True
-    assert torch.equal(torch.isnan(ref), expect_nan)
-    finite = ref[~expect_nan]
-    assert finite.abs().max() > 1e-3 and torch.isfinite(finite).all()
+    b, sa, sb, ref, expect_nan = extreme_scale_case(fmt, swizzled, a, b_nk, bits_a, bits_b)
     for cfg in _v3(m, n, k, fmt):
-        out = torch.full((m, n), 12345.0, device="cuda", dtype=torch.float32)
-        _run(a, b, sa, sb, swizzled, cfg, out)
-        assert torch.equal(torch.isnan(out), expect_nan), cfg.name
-        _close(torch.where(expect_nan, 0.0, out), torch.where(expect_nan, 0.0, ref), 2.0 ** -13)
+        check_extreme_scale_run(a, b, sa, sb, swizzled, cfg, ref, expect_nan)
