@@ -1,4 +1,4 @@
-"""Operands, references and checks the MX kernel tests share (test_mx_v2.py, test_mx_v3.py): quantized
+"""Operands, references and checks the MX GEMM tests share (the eager, eligibility, v2 and v3 tests): quantized
 operands in either scale layout, the float64 product of the dequantized operands, one launch of a
 given config, and the setups of the K-tail and extreme/NaN-scale cases."""
 import torch
@@ -9,17 +9,23 @@ from tilefly.ops.mx_gemm import eligibility
 SWIZZLE_NAME = {False: "none", True: "32_4_4"}
 
 
-def operands(fmt, m, n, k, swizzled, device="cpu", seed=0):
+def _layout(swizzle):
+    """The scale layout's name: ``swizzle`` is one (mx.SWIZZLES) or the kernels' bool flag."""
+    return swizzle if isinstance(swizzle, str) else SWIZZLE_NAME[bool(swizzle)]
+
+
+def operands(fmt, m, n, k, swizzle=False, device="cpu", seed=0):
     """(A [m, k], B [k, n] column-major, scale_a, scale_b) quantized from N(0, 1) values."""
     g = torch.Generator(device=device).manual_seed(seed)
-    qa = mx.quantize(torch.randn(m, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
-    qb = mx.quantize(torch.randn(n, k, device=device, generator=g), fmt, swizzle=SWIZZLE_NAME[swizzled])
+    qa = mx.quantize(torch.randn(m, k, device=device, generator=g), fmt, swizzle=_layout(swizzle))
+    qb = mx.quantize(torch.randn(n, k, device=device, generator=g), fmt, swizzle=_layout(swizzle))
     return qa[0], qb[0].t(), qa[1], qb[1]
 
 
-def reference(a, b, sa, sb, fmt, swizzled, bias=None):
-    da = mx.dequantize(a, sa, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
-    db = mx.dequantize(b.t(), sb, fmt, swizzle=SWIZZLE_NAME[swizzled], dtype=torch.float64)
+def reference(a, b, sa, sb, fmt, swizzle, bias=None):
+    """The float64 product of the dequantized operands (+ bias)."""
+    da = mx.dequantize(a, sa, fmt, swizzle=_layout(swizzle), dtype=torch.float64)
+    db = mx.dequantize(b.t(), sb, fmt, swizzle=_layout(swizzle), dtype=torch.float64)
     out = da @ db.t()
     return out if bias is None else out + bias.double()
 

@@ -1,6 +1,8 @@
 """MX GEMM on the H200: F.scaled_mm / torch._scaled_mm with tilefly's mx_gemm family against a
 float64 reference from the dequantized operands; extreme and NaN scales; routing (MX served,
 non-MX untouched), eager and inside a compiled graph."""
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,24 +11,13 @@ import tilefly
 from tilefly import _dispatch, mx
 from tilefly.ops.mx_gemm import eligibility
 
+from mx_cases import operands, raw_data, reference
+
 pytestmark = pytest.mark.cuda
 FAMILY = "mx_gemm"
 IMPL = "gluon_mx_gemm"
 BLOCKWISE = F.ScalingType.BlockWise1x32 if hasattr(F, "ScalingType") else None
-
-
-def _quantized(fmt, m, n, k, swizzle, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    qa = mx.quantize(torch.randn(m, k, device="cuda", generator=g), fmt, swizzle=swizzle)
-    qb = mx.quantize(torch.randn(n, k, device="cuda", generator=g), fmt, swizzle=swizzle)
-    return qa[0], qb[0].t(), qa[1], qb[1]
-
-
-def _reference(a, b, sa, sb, fmt, swizzle, bias=None):
-    da = mx.dequantize(a, sa, fmt, swizzle=swizzle, dtype=torch.float64)
-    db = mx.dequantize(b.t(), sb, fmt, swizzle=swizzle, dtype=torch.float64)
-    out = da @ db.t()
-    return out if bias is None else out + bias.double()
+_cuda_operands = functools.partial(operands, device="cuda")
 
 
 def _scaled_mm(a, b, sa, sb, swizzle, bias=None, dtype=torch.bfloat16):
@@ -58,9 +49,9 @@ def _served(fn):
 @pytest.mark.parametrize("n", [32, 256, 4096])
 @pytest.mark.parametrize("k", [32, 256, 4096])
 def test_matches_float64_reference(fmt, swizzle, m, n, k):
-    a, b, sa, sb = _quantized(fmt, m, n, k, swizzle, seed=m * 7 + n + k)
+    a, b, sa, sb = _cuda_operands(fmt, m, n, k, swizzle, seed=m * 7 + n + k)
     out = _served(lambda: _scaled_mm(a, b, sa, sb, swizzle))
-    _check(out, _reference(a, b, sa, sb, fmt, swizzle), torch.bfloat16)
+    _check(out, reference(a, b, sa, sb, fmt, swizzle), torch.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
@@ -68,9 +59,9 @@ def test_matches_float64_reference(fmt, swizzle, m, n, k):
 @pytest.mark.parametrize("m, n, k", [(16, 14336, 4096), (33, 4096, 14336), (4096, 14336, 256), (1, 256, 14336)])
 def test_matches_float64_reference_at_14336(fmt, swizzle, m, n, k):
     """The issue's N and K of 14336 (an MoE or MLP width), each side, skinny and wide."""
-    a, b, sa, sb = _quantized(fmt, m, n, k, swizzle, seed=m + n + k)
+    a, b, sa, sb = _cuda_operands(fmt, m, n, k, swizzle, seed=m + n + k)
     out = _served(lambda: _scaled_mm(a, b, sa, sb, swizzle))
-    _check(out, _reference(a, b, sa, sb, fmt, swizzle), torch.bfloat16)
+    _check(out, reference(a, b, sa, sb, fmt, swizzle), torch.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
@@ -78,27 +69,19 @@ def test_matches_float64_reference_at_14336(fmt, swizzle, m, n, k):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("m, n, k", [(33, 256, 4096), (128, 4096, 256), (16, 4096, 4096), (4096, 32, 256)])
 def test_output_dtypes_and_bias(fmt, swizzle, dtype, m, n, k):
-    a, b, sa, sb = _quantized(fmt, m, n, k, swizzle, seed=5)
+    a, b, sa, sb = _cuda_operands(fmt, m, n, k, swizzle, seed=5)
     bias = torch.randn(n, device="cuda", dtype=dtype)
     out = _served(lambda: _scaled_mm(a, b, sa, sb, swizzle, bias=bias, dtype=dtype))
-    _check(out, _reference(a, b, sa, sb, fmt, swizzle, bias), dtype)
+    _check(out, reference(a, b, sa, sb, fmt, swizzle, bias), dtype)
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("m", [1, 128])
 def test_legacy_scaled_mm_is_served(fmt, m):
-    a, b, sa, sb = _quantized(fmt, m, 256, 512, "32_4_4", seed=9)
+    a, b, sa, sb = _cuda_operands(fmt, m, 256, 512, "32_4_4", seed=9)
     bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
     out = _served(lambda: torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16))
-    _check(out, _reference(a, b, sa, sb, fmt, "32_4_4", bias), torch.bfloat16)
-
-
-def _data(fmt, rows, k, g):
-    values = torch.randn(rows, k, device="cuda", generator=g)
-    if fmt == "mxfp8":
-        return values.clamp(-448, 448).to(torch.float8_e4m3fn)
-    data, _ = mx.quantize(values, "mxfp4")
-    return data
+    _check(out, reference(a, b, sa, sb, fmt, "32_4_4", bias), torch.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
@@ -114,7 +97,7 @@ def test_extreme_scales(fmt, swizzle, m, n, monkeypatch):
     monkeypatch.setattr(config, "mx_upcast", "never")
     k = 512
     g = torch.Generator(device="cuda").manual_seed(11)
-    a, b_nk = _data(fmt, m, k, g), _data(fmt, n, k, g)
+    a, b_nk = raw_data(fmt, m, k, g), raw_data(fmt, n, k, g)
     base = torch.tensor([0, 254, 127, 1, 253, 0, 254, 100, 0, 254, 30, 200, 0, 254, 127, 127][:k // 32],
                         device="cuda", dtype=torch.int32)
     delta = torch.randint(-6, 7, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
@@ -125,7 +108,7 @@ def test_extreme_scales(fmt, swizzle, m, n, monkeypatch):
     if swizzle == "32_4_4":
         sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
     b = b_nk.t()
-    ref = _reference(a, b, sa, sb, fmt, swizzle)
+    ref = reference(a, b, sa, sb, fmt, swizzle)
     finite = torch.ones(n, dtype=torch.bool, device="cuda")
     finite[3] = False
     assert ref[:, finite].abs().max() > 1e-3 and torch.isfinite(ref[:, finite]).all() and ref[:, 3].isnan().all()
@@ -138,7 +121,7 @@ def test_extreme_scales(fmt, swizzle, m, n, monkeypatch):
 @pytest.mark.parametrize("swizzle", mx.SWIZZLES)
 def test_nan_scales_poison_their_row_and_column(fmt, swizzle):
     m, n, k = 40, 300, 256
-    a, b, sa, sb = _quantized(fmt, m, n, k, "none", seed=13)
+    a, b, sa, sb = _cuda_operands(fmt, m, n, k, "none", seed=13)
     bits_a, bits_b = sa.view(torch.uint8).clone(), sb.view(torch.uint8).clone()
     bits_a[7, 3] = 255
     bits_b[123, 0] = 255
@@ -152,7 +135,7 @@ def test_nan_scales_poison_their_row_and_column(fmt, swizzle):
     expect_nan[:, 123] = True
     expect_nan[:, 299] = True
     assert torch.equal(torch.isnan(out), expect_nan)
-    ref = _reference(a, b, sa, sb, fmt, swizzle)
+    ref = reference(a, b, sa, sb, fmt, swizzle)
     assert torch.equal(torch.isnan(ref), expect_nan)
     _check(torch.where(expect_nan, 0.0, out).to(torch.bfloat16), torch.where(expect_nan, 0.0, ref), torch.bfloat16)
 
@@ -163,9 +146,9 @@ def test_every_output_element_is_written(fmt, m, n):
     """launch.run into a NaN-poisoned output, row-major and column-major."""
     from tilefly.ops.mx_gemm import launch
 
-    a, b, sa, sb = _quantized(fmt, m, n, 1024, "none", seed=17)
+    a, b, sa, sb = _cuda_operands(fmt, m, n, 1024, "none", seed=17)
     p = eligibility.parse(a, b, sa, sb, False, False)
-    ref = _reference(a, b, sa, sb, fmt, "none")
+    ref = reference(a, b, sa, sb, fmt, "none")
     for out in (torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16),
                 torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).t()):
         launch.run(p, a, b, sa, sb, out)
@@ -206,7 +189,7 @@ def test_row_wise_fp8_through_f_scaled_mm_stays_on_cublas():
 
 
 def test_malformed_mx_call_raises_clearly():
-    a, b, sa, sb = _quantized("mxfp8", 16, 32, 256, "none")
+    a, b, sa, sb = _cuda_operands("mxfp8", 16, 32, 256, "none")
     with tilefly.enabled(FAMILY), pytest.raises(eligibility.MXInputError, match=r"scale_b must have shape"):
         _scaled_mm(a, b, sa, sb[:, :4], "none")
 
@@ -218,14 +201,14 @@ def test_served_inside_a_compiled_graph(fmt, k):
     eager fallback inside the graph; either way the dispatcher calls tilefly.
     (SWIZZLE_32_4_4 only: ATen's meta function rejects NO_SWIZZLE MX scales; its MXFP4 scale count
     is taken from the packed K / 2, so K stays <= 128 for MXFP4.)"""
-    a, b, sa, sb = _quantized(fmt, 16, 256, k, "32_4_4", seed=19)
+    a, b, sa, sb = _cuda_operands(fmt, 16, 256, k, "32_4_4", seed=19)
     torch._dynamo.reset()
     compiled = torch.compile(lambda *xs: _scaled_mm(*xs, "32_4_4") * 2)
     with tilefly.enabled(FAMILY), _dispatch.recording(all_threads=True) as decisions:
         out = compiled(a, b, sa, sb)
         torch.cuda.synchronize()
     assert any(d.impl == IMPL for d in decisions), decisions
-    _check(out / 2, _reference(a, b, sa, sb, fmt, "32_4_4"), torch.bfloat16)
+    _check(out / 2, reference(a, b, sa, sb, fmt, "32_4_4"), torch.bfloat16)
     torch._dynamo.reset()
 
 
@@ -238,18 +221,18 @@ def test_a_repeated_call_replays_its_plan_on_new_values(fmt, m, n, k):
     from tilefly._triton_launch import CachedLaunch
     from tilefly.ops.mx_gemm import launch
 
-    a, b, sa, sb = _quantized(fmt, m, n, k, "none", seed=21)
+    a, b, sa, sb = _cuda_operands(fmt, m, n, k, "none", seed=21)
     p = eligibility.parse(a, b, sa, sb, False, False)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch.run(p, a, b, sa, sb, out)
     key = launch._key((None, p, out.device, False), a, b, sa, sb, out, None)  # False: mx_upcast is not "never"
     assert isinstance(launch._plans[key], CachedLaunch)
-    _check(out, _reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)
+    _check(out, reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)
     for seed in (22, 23):
-        a2, b2, sa2, sb2 = _quantized(fmt, m, n, k, "none", seed=seed)
+        a2, b2, sa2, sb2 = _cuda_operands(fmt, m, n, k, "none", seed=seed)
         for dst, src in ((a, a2), (b, b2), (sa, sa2), (sb, sb2)):
             dst.view(torch.uint8).copy_(src.view(torch.uint8))
         out.fill_(float("nan"))
         launch.run(p, a, b, sa, sb, out)
         torch.cuda.synchronize()
-        _check(out, _reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)
+        _check(out, reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)

@@ -11,22 +11,9 @@ from tilefly import _device, _dispatch, mx
 from tilefly.ops.mx_gemm import configs, eager, eligibility
 from tilefly.ops.mx_gemm.eligibility import MXInputError
 
+from mx_cases import operands, reference
+
 MX = [eligibility.BLOCKWISE_1X32]
-
-
-def _operands(fmt, m, n, k, swizzle="none", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    qa = mx.quantize(torch.randn(m, k, generator=g), fmt, swizzle=swizzle)
-    qb = mx.quantize(torch.randn(n, k, generator=g), fmt, swizzle=swizzle)
-    return qa[0], qb[0].t(), qa[1], qb[1]
-
-
-def _reference(a, b, sa, sb, fmt, swizzle, bias=None):
-    swz = "32_4_4" if swizzle else "none"
-    da = mx.dequantize(a, sa, fmt, swizzle=swz, dtype=torch.float64)
-    db = mx.dequantize(b.t(), sb, fmt, swizzle=swz, dtype=torch.float64)
-    out = da @ db.t()
-    return out if bias is None else out + bias.double()
 
 
 @pytest.fixture
@@ -38,7 +25,7 @@ def on_hopper(monkeypatch):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("swizzled", [False, True])
 def test_parse_accepts_what_quantize_makes(fmt, swizzled):
-    a, b, sa, sb = _operands(fmt, 33, 64, 256, "32_4_4" if swizzled else "none")
+    a, b, sa, sb = operands(fmt, 33, 64, 256, "32_4_4" if swizzled else "none")
     p = eligibility.parse(a, b, sa, sb, swizzled, swizzled)
     assert (p.fmt, p.m, p.n, p.k, p.swizzled_a, p.swizzled_b) == (fmt, 33, 64, 256, swizzled, swizzled)
 
@@ -52,14 +39,14 @@ def test_parse_accepts_what_quantize_makes(fmt, swizzled):
     (lambda a, b, sa, sb: (a.view(torch.float8_e5m2), b, sa, sb), "float8_e4m3fn .MXFP8. or float4"),
 ])
 def test_parse_errors_name_the_problem(mutate, message):
-    a, b, sa, sb = mutate(*_operands("mxfp8", 16, 32, 256))
+    a, b, sa, sb = mutate(*operands("mxfp8", 16, 32, 256))
     with pytest.raises(MXInputError, match=message):
         eligibility.parse(a, b, sa, sb, False, False)
 
 
 def test_parse_rejects_mismatched_formats_and_bad_k():
-    a8, _, sa8, _ = _operands("mxfp8", 16, 32, 256)
-    _, b4, _, sb4 = _operands("mxfp4", 16, 32, 512)
+    a8, _, sa8, _ = operands("mxfp8", 16, 32, 256)
+    _, b4, _, sb4 = operands("mxfp4", 16, 32, 512)
     with pytest.raises(MXInputError, match="mismatched MX formats"):
         eligibility.parse(a8, b4, sa8, sb4, False, False)
     a = torch.randn(4, 48).to(torch.float8_e4m3fn)
@@ -70,7 +57,7 @@ def test_parse_rejects_mismatched_formats_and_bad_k():
 
 
 def test_parse_rejects_wrong_swizzled_count():
-    a, b, sa, sb = _operands("mxfp4", 16, 32, 256, "32_4_4")
+    a, b, sa, sb = operands("mxfp4", 16, 32, 256, "32_4_4")
     with pytest.raises(MXInputError, match="SWIZZLE_32_4_4 tensor of 1024 elements"):
         eligibility.parse(a, b, sa[:-4], sb, True, True)
     with pytest.raises(MXInputError, match=r"must have shape \(16, 8\)"):   # blocked scales called NO_SWIZZLE
@@ -83,7 +70,7 @@ def _v2_args(a, b, sa, sb, swizzle, bias=None, out_dtype=torch.bfloat16):
 
 
 def test_predicate_declines_non_mx_and_non_hopper():
-    a, b, sa, sb = _operands("mxfp8", 16, 32, 256)
+    a, b, sa, sb = operands("mxfp8", 16, 32, 256)
     one = torch.ones(1)
     assert "not MX" in eligibility.scaled_mm_v2_reason(a, b, [one], [0], [], [one], [0], [], None, torch.bfloat16)
     assert "tensor is on cpu" in eligibility.scaled_mm_v2_reason(*_v2_args(a, b, sa, sb, False))
@@ -91,7 +78,7 @@ def test_predicate_declines_non_mx_and_non_hopper():
 
 
 def test_predicate_serves_and_declines_on_hopper(on_hopper):
-    a, b, sa, sb = _operands("mxfp4", 33, 64, 256, "32_4_4")
+    a, b, sa, sb = operands("mxfp4", 33, 64, 256, "32_4_4")
     assert eligibility.scaled_mm_v2_reason(*_v2_args(a, b, sa, sb, True)) is None
     assert eligibility.scaled_mm_reason(a, b, sa, sb, None, None, torch.float16) is None
     assert "out_dtype" in eligibility.scaled_mm_v2_reason(*_v2_args(a, b, sa, sb, True, out_dtype=None))
@@ -122,7 +109,7 @@ def test_verdicts_are_kept_per_call_metadata(on_hopper, monkeypatch):
     monkeypatch.setattr(eligibility, "parse", lambda *args: parses.append(1) or real_parse(*args))
     monkeypatch.setattr(eligibility, "_keeps_plans", lambda t: True)
     monkeypatch.setattr(eligibility, "_plans", {})
-    a, b, sa, sb = _operands("mxfp8", 32, 64, 256, "32_4_4")
+    a, b, sa, sb = operands("mxfp8", 32, 64, 256, "32_4_4")
     served = eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True))
     assert isinstance(served, eligibility.MXProblem) and len(parses) == 1
     assert eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, True)) is served and len(parses) == 1
@@ -147,7 +134,7 @@ def test_verdicts_are_kept_per_call_metadata(on_hopper, monkeypatch):
 
 def test_verdicts_of_cpu_calls_are_not_kept(on_hopper, monkeypatch):
     monkeypatch.setattr(eligibility, "_plans", {})
-    a, b, sa, sb = _operands("mxfp8", 16, 32, 256)
+    a, b, sa, sb = operands("mxfp8", 16, 32, 256)
     eligibility.scaled_mm_v2_plan(*_v2_args(a, b, sa, sb, False))
     assert eligibility._plans == {}
 
@@ -201,7 +188,7 @@ def standin_route(on_hopper, monkeypatch):
 
     def run(p, a, b, sa, sb, out, bias=None):
         calls.append((p, len(parses)))
-        return out.copy_(_reference(a, b, sa, sb, p.fmt, p.swizzled_a, bias))
+        return out.copy_(reference(a, b, sa, sb, p.fmt, p.swizzled_a, bias))
 
     monkeypatch.setattr(launch, "run", run)
     _dispatch.register(_dispatch.Impl(STANDIN, "aten::_scaled_mm_v2", "standin_mx", eligibility.scaled_mm_v2_plan,
@@ -215,7 +202,7 @@ def standin_route(on_hopper, monkeypatch):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("swizzle", ["none", "32_4_4"])
 def test_f_scaled_mm_reaches_the_mx_route(standin_route, fmt, swizzle):
-    a, b, sa, sb = _operands(fmt, 33, 64, 256, swizzle, seed=3)
+    a, b, sa, sb = operands(fmt, 33, 64, 256, swizzle, seed=3)
     layout = F.SwizzleType.SWIZZLE_32_4_4 if swizzle == "32_4_4" else F.SwizzleType.NO_SWIZZLE
     bias = torch.randn(64, dtype=torch.bfloat16)
     with _dispatch.recording() as decisions:
@@ -225,7 +212,7 @@ def test_f_scaled_mm_reaches_the_mx_route(standin_route, fmt, swizzle):
     (plan, parses), = standin_route
     assert plan == eligibility.MXProblem(fmt, 33, 64, 256, swizzle == "32_4_4", swizzle == "32_4_4")
     assert parses == 1, "the op takes the predicate's parse instead of parsing again"
-    ref = _reference(a, b, sa, sb, fmt, swizzle == "32_4_4", bias)
+    ref = reference(a, b, sa, sb, fmt, swizzle == "32_4_4", bias)
     torch.testing.assert_close(out.double(), ref, rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
 
 
@@ -241,7 +228,7 @@ def test_non_mx_scaled_mm_stays_aten(standin_route):
 
 
 def test_malformed_mx_call_raises_the_clear_error(standin_route):
-    a, b, sa, sb = _operands("mxfp8", 16, 32, 256)
+    a, b, sa, sb = operands("mxfp8", 16, 32, 256)
     with pytest.raises(MXInputError, match=r"scale_b must have shape \(32, 8\)"):
         F.scaled_mm(a, b, sa, F.ScalingType.BlockWise1x32, sb[:, :4], F.ScalingType.BlockWise1x32,
                     output_dtype=torch.bfloat16)
@@ -335,7 +322,7 @@ def _named_args(plan):
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 def test_skinny_problems_put_the_weight_rows_in_the_mma_m_slot(launch_cpu, fmt):
-    a, b, sa, sb = _operands(fmt, 16, 4096, 4096, "none")     # decode: 16 tokens, 4096 x 4096 weight
+    a, b, sa, sb = operands(fmt, 16, 4096, 4096, "none")     # decode: 16 tokens, 4096 x 4096 weight
     sb_swz = mx.to_blocked(sb)
     p = eligibility.parse(a, b, sa, sb_swz, False, True)
     out = torch.empty(16, 4096, dtype=torch.bfloat16)
@@ -359,7 +346,7 @@ def test_skinny_problems_put_the_weight_rows_in_the_mma_m_slot(launch_cpu, fmt):
 
 
 def test_tall_problems_are_not_swapped(launch_cpu):
-    a, b, sa, sb = _operands("mxfp8", 4096, 256, 512, "32_4_4")
+    a, b, sa, sb = operands("mxfp8", 4096, 256, 512, "32_4_4")
     p = eligibility.parse(a, b, sa, sb, True, True)
     out = torch.empty(4096, 256, dtype=torch.float16)
     plan = launch_cpu._prepare(p, a, b, sa, sb, out, torch.randn(256, dtype=torch.float16), None)
