@@ -9,7 +9,7 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
 - the host cost of one eager ``F.scaled_mm`` call (back to back, L2 warm: the wall time per
   call when the host is slower than the GPU) against ``torch.mm``'s.
 
-    python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--profile]
+    python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--kernels 2,3] [--profile]
 
 ``--profile`` then runs each shape's picked and fastest builds once more between
 ``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``. ``--host-profile`` instead
@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-SHAPES = ["8x4096x4096", "32x4096x4096", "32x14336x4096", "32x4096x14336"]
+SHAPES = ["8x4096x4096", "32x4096x4096", "32x14336x4096", "32x4096x14336", "64x4096x4096"]
 SPLITS = (None, 1, 2, 4, 8, 16, 32)
 
 
@@ -36,15 +36,20 @@ def operands(m: int, n: int, k: int, fmt: str):
     return a, b
 
 
-def variants(rows: int, cols: int, k: int, fmt: str):
+def variants(rows: int, cols: int, k: int, fmt: str, kernels=(1, 2, 3)):
     from tilefly.ops.mx_gemm import configs
 
-    base = configs.offered(rows, cols, k, fmt)
+    base = [c for c in configs.offered(rows, cols, k, fmt) if c.kernel in kernels]
     more = []
     for cfg in (c for c in base if c.kernel in (2, 3)):
-        for stages, sets in ([(4, 2), (8, 2)] if cfg.kernel == 2 else
-                             [(st, sets) for st in (2, 3, 4) for sets in (1, 2)]):
-            alt = replace(cfg, stages=stages, max_splits=32, bf16_sets=sets)
+        if cfg.kernel == 3:
+            alts = [(st, sets, 0) for st in (2, 3, 4) for sets in (1, 2)]
+        elif cfg.scale_slots:   # shallower rings fit more programs an SM; longer staged K-ranges
+            alts = [(st, 2, cfg.scale_slots) for st in (2, 3, 4)] + [(cfg.stages, 2, 32)]
+        else:
+            alts = [(4, 2, 0), (8, 2, 0)]
+        for stages, sets, slots in alts:
+            alt = replace(cfg, stages=stages, max_splits=32, bf16_sets=sets, scale_slots=slots)
             if alt not in base and alt not in more and configs.static_reason(alt, fmt) is None:
                 more.append(alt)
     return [replace(c, max_splits=32) for c in base], more
@@ -55,6 +60,7 @@ def main() -> None:
     ap.add_argument("--fmt", default="mxfp8,mxfp4")
     ap.add_argument("--shape", action="append")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel)")
     ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()
     if args.host_profile:
@@ -90,10 +96,13 @@ def main() -> None:
             picked = configs.pick(rows, cols, k, fmt)
             print(f"\n{fmt} {shape}: bf16 mm {bf16_us:.1f} us ({n * k * 2 / bf16_us / 1e6:.2f} TB/s); "
                   f"MX weight {w_bytes / 1e6:.1f} MB; pick {picked.name}", flush=True)
-            base, more = variants(rows, cols, k, fmt)
+            base, more = variants(rows, cols, k, fmt, tuple(int(v) for v in args.kernels.split(",")))
             best = None
             for cfg in base + more:
+                least = -(-k // (cfg.block_k * cfg.scale_slots)) if cfg.scale_slots else 1
                 for splits in SPLITS:
+                    if splits is not None and splits < least:
+                        continue    # the launcher raises it to ``least``: a staged program holds scale_slots slots
                     forced[0] = splits
                     launch._plans.clear()
                     chosen_splits.clear()
@@ -105,7 +114,7 @@ def main() -> None:
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         print(f"  {cfg.name} splits={splits}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    s = chosen_splits[-1] if chosen_splits else "?"
+                    s = max(chosen_splits[-1], least) if chosen_splits else "?"
                     tag = "auto" if splits is None else "    "
                     print(f"  {us:7.1f} us  {w_bytes / us / 1e6:5.2f} TB/s  x bf16 {bf16_us / us:4.2f}  "
                           f"{cfg.name:<24} splits={s} {tag}", flush=True)

@@ -2,6 +2,7 @@
 of the shipped builds for sm_90a (async wgmma kept by ptxas, no spills), the scale-word layout
 transcribed to torch; on the H200 every v2 config against the float64 dequantized reference."""
 import inspect
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,11 @@ from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operan
 
 
 def _v2(m, n, k, fmt):
-    return configs.v2_configs(max(m, n), min(m, n), k, fmt)
+    """Both v2 builds for the shape, each also with staged scales (16 slots; the first also with 8,
+    which splits K at 1024)."""
+    built = configs.v2_configs(max(m, n), min(m, n), k, fmt)
+    staged = [replace(c, scale_slots=16) for c in built] + [replace(built[0], scale_slots=8)]
+    return built + [c for c in staged if configs.static_reason(c, fmt) is None]
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -24,8 +29,12 @@ def _v2(m, n, k, fmt):
 def test_v2_is_offered_next_to_v1(fmt, rows, cols):
     offered = configs.offered(rows, cols, 4096, fmt)
     assert offered[0] == configs.v1_pick(rows, cols, 4096, fmt) and offered[0].kernel == 1
-    v2 = [c for c in offered if c.kernel == 2]
+    v2 = [c for c in offered if c.kernel == 2 and not c.scale_slots]
     assert v2 == configs.v2_configs(rows, cols, 4096, fmt) and len(v2) == 2
+    staged = [c for c in offered if c.kernel == 2 and c.scale_slots]
+    assert staged == (configs.v2_staged_configs(rows, cols, 4096, fmt) if cols <= 64 else [])
+    assert all(c.name.endswith("_ss16") for c in staged) and len(staged) == (2 if cols <= 64 else 0)
+    v2 += staged
     assert len({c.name for c in offered}) == len(offered)
     for cfg in v2:
         assert configs.static_reason(cfg, fmt) is None
@@ -123,6 +132,29 @@ def test_v2_plan_splits_k_in_slots_and_reads_scale_words(launch_cpu, fmt):
     assert args["y_desc"].block_shape == [cfg.block_n, 128 if fmt == "mxfp8" else 64]
 
 
+@pytest.mark.parametrize("slots", [8, 16, 32])
+def test_staged_plan_keeps_each_split_within_its_scale_slots(launch_cpu, slots):
+    a, b, sa, sb = operands("mxfp8", 32, 4096, 14336, False)      # 112 slots along K
+    p = eligibility.parse(a, b, sa, sb, False, False)
+    cfg = replace(_v2(32, 4096, 14336, "mxfp8")[0], scale_slots=slots)
+    plan = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(32, 4096, dtype=torch.bfloat16), None, cfg)
+    per_split, splits = _named_args(plan)["slots_per_split"], plan.grid[1]
+    assert plan.constexprs["SCALE_SLOTS"] == slots and per_split <= slots
+    assert splits * per_split >= 112 > (splits - 1) * per_split
+    unstaged = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(32, 4096, dtype=torch.bfloat16), None,
+                                   replace(cfg, scale_slots=0))
+    assert unstaged.constexprs["SCALE_SLOTS"] == 0
+
+
+def test_staged_scales_validate_and_count_in_shared_memory():
+    cfg = configs.MXConfig(128, 32, 4, 4, kernel=2, scale_slots=16)
+    assert cfg.name == "mx2_128x32_s4_w4_k16_ss16"
+    assert cfg.smem_bytes("mxfp8") == replace(cfg, scale_slots=0).smem_bytes("mxfp8") + 16 * 160 * 4
+    assert configs.static_reason(cfg, "mxfp8") is None
+    assert configs.static_reason(replace(cfg, scale_slots=12), "mxfp8").startswith("scale_slots")
+    assert configs.static_reason(configs.MXConfig(64, 64, 2, 4, kernel=3, scale_slots=16), "mxfp8")
+
+
 def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
     a, b, sa, sb = operands("mxfp8", 8, 256, 160, False)         # K / 32 = 5: not whole words
     p = eligibility.parse(a, b, sa, sb, False, False)
@@ -135,7 +167,9 @@ def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
 # ---- compile for sm_90a (CPU) -----------------------------------------------------------------
 
 COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
-            "mx_gemm.mx2_128x16_s7_w4_k16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]")
+            "mx_gemm.mx2_128x16_s7_w4_k16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]",
+            "mx_gemm.mx2_128x32_s4_w4_k16_ss16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
+            "mx_gemm.mx2_128x16_s7_w4_k16_ss16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]")
 
 
 @pytest.mark.parametrize("name", COMPILED)

@@ -17,7 +17,7 @@ block_m * block_n is kept to 32 values a thread (more spilled).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilefly.ops.gemm.configs import SMEM_PER_SM, programs_per_sm  # noqa: F401 - SMEM_PER_SM: shared budget
 
@@ -45,6 +45,12 @@ V2_RING_TARGET = {"mxfp8": 96 * 1024, "mxfp4": 64 * 1024}
 V2_MAX_STAGES = 8
 V2_REGS_PER_THREAD = 248
 V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
+# v2 with staged scales (kernels_v2, "staged scales"): a program's K-range holds at most scale_slots ring
+# slots, whose scale words it loads once before the ring; the launcher splits K so. Offered at <= 64
+# columns (decode), where a launch is one or two waves of short programs.
+STAGED_SLOTS = (8, 16, 32)
+V2_STAGED_SLOTS = 16
+V2_STAGED_REGS = 176        # sm_90a, triton 3.6: 168 for 128x32 over 4 warps (no per-slot scale addresses), 59-114 below
 # v3 (kernels_v3.py): operands upcast to BF16 in the CTA; one or two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
 V3_BF16_BYTES = 4 * 32 * 2         # shared bytes per tile row and buffer set (X and Y rows alike)
@@ -61,12 +67,15 @@ class MXConfig:
     max_splits: int = 16
     kernel: int = 1
     bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
+    scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
 
     @property
     def name(self) -> str:
         prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
         sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
-        return f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}{sets}"
+        staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
+        return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
+                f"{sets}{staged}")
 
     @property
     def block_k(self) -> int:
@@ -86,7 +95,8 @@ class MXConfig:
                     + SMEM_RESERVE)
         buffers = 1 if self.kernel == 1 else 2
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
-        return self.stages * self.item_bytes(fmt) + unpacked + SMEM_RESERVE
+        staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
+        return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
 
     def acc_values(self) -> int:
         """FP32 accumulator values a thread holds."""
@@ -110,6 +120,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "at least 2 stages"
     if cfg.kernel == 3 and cfg.bf16_sets not in (1, 2):
         return "bf16_sets must be 1 or 2"
+    if cfg.scale_slots and (cfg.kernel != 2 or cfg.scale_slots not in STAGED_SLOTS):
+        return f"scale_slots must be 0, or one of {STAGED_SLOTS} with kernel 2"
     if cfg.smem_bytes(fmt) > SMEM_LIMIT:
         return f"needs {cfg.smem_bytes(fmt)} bytes of shared memory"
     if not 1 <= cfg.max_splits <= 32:
@@ -121,7 +133,7 @@ def resident(cfg: MXConfig, fmt: str) -> int:
     """Programs of ``cfg`` one SM runs at once, as shared memory and registers allow."""
     regs = REGS_PER_THREAD
     if cfg.kernel == 2:
-        regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
+        regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_STAGED_REGS if cfg.scale_slots else V2_REGS_PER_THREAD
     elif cfg.kernel == 3:
         regs = V3_REGS_PER_THREAD
     return programs_per_sm(cfg.smem_bytes(fmt), cfg.num_warps, regs)
@@ -150,6 +162,14 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     for block_m, num_warps in ((128, 8 if block_n >= 64 else 4), (64, 4)):
         out.append(MXConfig(block_m, block_n, _v2_stages(block_m, block_n, fmt), num_warps, kernel=2))
     return out
+
+
+def v2_staged_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """``v2_configs`` with staged scales, at <= 64 columns."""
+    if cols > 64:
+        return []
+    out = [replace(c, scale_slots=V2_STAGED_SLOTS) for c in v2_configs(rows, cols, k, fmt)]
+    return [c for c in out if static_reason(c, fmt) is None]
 
 
 def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
@@ -193,7 +213,8 @@ def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     columns, v3 (``v3_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
-    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v3_configs(rows, cols, k, fmt))
+    return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v2_staged_configs(rows, cols, k, fmt),
+                        *v3_configs(rows, cols, k, fmt))
             if static_reason(c, fmt) is None]
 
 
@@ -223,7 +244,10 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
         constexprs.update(X_WORDS=words, Y_WORDS=words)
     if cfg.kernel == 3:
         constexprs.update(SETS=cfg.bf16_sets)
-    constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages, num_warps=cfg.num_warps)
+    constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
+    if cfg.kernel == 2:
+        constexprs.update(SCALE_SLOTS=cfg.scale_slots)
+    constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
 
@@ -276,6 +300,9 @@ def compile_specs():
         cfg2 = v2_configs(4096, 16, 4096, fmt)[0]
         variants.append((fmt, cfg2, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg2, False, True, 2, "bf16", True, False))
+        cfg2s = v2_staged_configs(4096, 16, 4096, fmt)[0]
+        variants.append((fmt, cfg2s, True, True, 1, "fp16", False, True))
+        variants.append((fmt, cfg2s, False, True, 2, "bf16", True, False))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))

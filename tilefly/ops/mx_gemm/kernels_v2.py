@@ -40,6 +40,18 @@ stacked along M for BLOCK_M = 128):
                     would cost registers the partials need). Block j's byte is
                     ``(word >> 8j) & 255``; K-blocks past K (a K tail inside the last slot) and
                     rows past ROWS/COLS read as 127 (2^0) against zero-filled operand bytes.
+    staged scales   SCALE_SLOTS > 0 (the decode builds, ``mx2s_*``): before the ring is issued, every
+                    scale word of the program's K-range (k_slots <= SCALE_SLOTS, the launcher splits K
+                    so) is loaded in one [rows, SCALE_SLOTS] pass (``load_scale_words``: 4 slots of a
+                    row a thread) and stored to shared memory as int32 [SCALE_SLOTS, rows] per operand;
+                    ``scales_moderate`` reads the same registers. The loop then reads each slot's
+                    words from shared memory and issues no global load at all. Why: every program of
+                    a decode launch issues its whole ring at once, so a scale load issued after it
+                    queues behind megabytes of operand bytes; v2's per-slot word loads (and the scan
+                    before them) put several such round trips on each program's critical path
+                    (Nsight Compute, session 21: 39 % long-scoreboard stalls, the top one on the
+                    first use of a loaded scale word). Shared memory: SCALE_SLOTS x (BLOCK_M +
+                    BLOCK_N) x 4 bytes more.
     scaling         v1's ``add_scaled_fast`` (two FP32 ops an element) when the program's X scales
                     are all within 2^+-100 or NaN (``scales_moderate``), else v1's exact
                     ``add_scaled``; NaN scale byte 255 makes its row or column NaN.
@@ -60,7 +72,8 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels import SCALE_BLOCK, add_scaled, add_scaled_fast, scale_offsets, scales_moderate
+from tilefly.ops.mx_gemm.kernels import (E8M0_NAN, MODERATE_EXP, SCALE_BLOCK, add_scaled, add_scaled_fast,
+                                         scale_offsets, scales_moderate)
 
 BLOCK_K = gl.constexpr(128)              # K elements a ring slot holds
 BLOCKS_PER_SLOT = gl.constexpr(4)        # scale blocks a slot holds: one 32-bit scale word
@@ -86,6 +99,58 @@ def slot_scale_words(s_ptr, idx, n_idx, kb0, k_blocks, stride_r, stride_c,
             byte = gl.load(s_ptr + offs, mask=valid & (kb0 + j < k_blocks), other=127).to(gl.int32)
             word = word | (byte << (8 * j))
     return word
+
+
+@gluon.constexpr_function
+def staging_layout(num_warps):
+    """[rows, slots] scale words: 4 consecutive slots of one row a thread (16 contiguous bytes of a
+    NO_SWIZZLE row), 8 rows by 4 slot groups a warp, warps along the rows."""
+    return gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def load_scale_words(s_ptr, off, n_idx, kb_first, k_slots, k_blocks, stride_r, stride_c,
+                     SWIZZLED: gl.constexpr, WORDS: gl.constexpr, BLOCK: gl.constexpr, SLOTS: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """int32 [BLOCK, SLOTS]: word (r, s) holds in byte j the E8M0 byte of row off + r and K-block
+    kb_first + 4 s + j; 127 for rows past ``n_idx``, slots past ``k_slots`` and K-blocks past K."""
+    layout: gl.constexpr = staging_layout(num_warps)
+    idx = (off + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout)))[:, None]
+    slot = gl.arange(0, SLOTS, layout=gl.SliceLayout(0, layout))[None, :]
+    kb0 = kb_first + slot * BLOCKS_PER_SLOT
+    valid = (idx < n_idx) & (slot < k_slots)
+    words = gl.zeros([BLOCK, SLOTS], gl.int32, layout)
+    if WORDS:
+        word_ptr = (s_ptr + scale_offsets(idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED)).to(
+            gl.pointer_type(gl.int32), bitcast=True)
+        loaded = gl.load(word_ptr, mask=valid, other=NEUTRAL_WORD)
+        for j in gl.static_range(BLOCKS_PER_SLOT):
+            words = words | (word_byte(loaded, j, kb0 + j, k_blocks) << (8 * j))
+    else:
+        for j in gl.static_range(BLOCKS_PER_SLOT):
+            offs = scale_offsets(idx, kb0 + j, k_blocks, stride_r, stride_c, SWIZZLED)
+            byte = gl.load(s_ptr + offs, mask=valid & (kb0 + j < k_blocks), other=127).to(gl.int32)
+            words = words | (byte << (8 * j))
+    return words
+
+
+@gluon.jit
+def words_moderate(words):
+    """``scales_moderate`` over staged words: every byte NaN or within 2^+-MODERATE_EXP."""
+    worst = gl.zeros_like(words)
+    for j in gl.static_range(BLOCKS_PER_SLOT):
+        byte = (words >> (8 * j)) & 255
+        worst = gl.maximum(worst, gl.where(byte == E8M0_NAN, 0, gl.abs(byte - 127)))
+    return gl.max(gl.max(worst, axis=1), axis=0) <= MODERATE_EXP
+
+
+@gluon.jit
+def stage_words(words, BLOCK: gl.constexpr, SLOTS: gl.constexpr):
+    """Shared int32 [SLOTS, BLOCK] holding ``words`` transposed: a slot's words are one row."""
+    smem = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    smem.store(gl.permute(words, (1, 0)))
+    # The same bytes with a rank-1 layout, so that ``.index(slot)`` gives a loadable row.
+    return smem._reinterpret(gl.int32, [SLOTS, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.jit
@@ -172,15 +237,22 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
-    PREFETCH_SCALES: gl.constexpr = X_WORDS and Y_WORDS
+    STAGED: gl.constexpr = SCALE_SLOTS > 0
+    PREFETCH_SCALES: gl.constexpr = X_WORDS and Y_WORDS and not STAGED
     tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
     k_blocks = K // SCALE_BLOCK
     slot_first = split * slots_per_split
     k_slots = gl.minimum(slots_per_split, gl.cdiv(K, BLOCK_K) - slot_first)
     kb_first = slot_first * BLOCKS_PER_SLOT
+    if STAGED:
+        # Issued before the ring, so these loads are not queued behind its operand bytes.
+        staged_x = load_scale_words(sx_ptr, off_m, M, kb_first, k_slots, k_blocks, stride_sxr, stride_sxc,
+                                    X_SWIZZLED, X_WORDS, BLOCK_M, SCALE_SLOTS, num_warps)
+        staged_y = load_scale_words(sy_ptr, off_n, N, kb_first, k_slots, k_blocks, stride_syr, stride_syc,
+                                    Y_SWIZZLED, Y_WORDS, BLOCK_N, SCALE_SLOTS, num_warps)
 
     x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     if FP4:
@@ -192,12 +264,19 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
                    True, True, STAGES, pred=i < k_slots)
 
-    moderate = scales_moderate(sx_ptr, off_m, M, kb_first, gl.minimum(k_slots * BLOCKS_PER_SLOT, k_blocks - kb_first),
-                               k_blocks, stride_sxr, stride_sxc, X_SWIZZLED, BLOCK_M, num_warps)
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-    wx = slot_scale_words(sx_ptr, rows, M, kb_first, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED, X_WORDS)
-    wy = slot_scale_words(sy_ptr, cols, N, kb_first, k_blocks, stride_syr, stride_syc, Y_SWIZZLED, Y_WORDS)
+    if STAGED:
+        moderate = words_moderate(staged_x)
+        words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
+        words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
+        gl.thread_barrier()
+    else:
+        moderate = scales_moderate(sx_ptr, off_m, M, kb_first,
+                                   gl.minimum(k_slots * BLOCKS_PER_SLOT, k_blocks - kb_first), k_blocks,
+                                   stride_sxr, stride_sxc, X_SWIZZLED, BLOCK_M, num_warps)
+        wx = slot_scale_words(sx_ptr, rows, M, kb_first, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED, X_WORDS)
+        wy = slot_scale_words(sy_ptr, cols, N, kb_first, k_blocks, stride_syr, stride_syc, Y_SWIZZLED, Y_WORDS)
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     # Two partials, even and odd blocks: each wgmma writes into the registers of the partial it
     # replaces (retired and scaled before), so no in-flight accumulator is ever copied.
@@ -219,7 +298,10 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             wait_ready(bars, s, STAGES)
             x_tiles = x_bufs.index(slot)
             y_tiles = y_bufs.index(slot)
-        if PREFETCH_SCALES:
+        if STAGED:
+            wx = words_x.index(s).load(gl.SliceLayout(1, acc_layout))
+            wy = words_y.index(s).load(gl.SliceLayout(0, acc_layout))
+        elif PREFETCH_SCALES:
             # Issued now, used next slot: their latency hides behind this slot's MMAs.
             kb_next = gl.minimum(kb0 + BLOCKS_PER_SLOT, (slot_first + k_slots - 1) * BLOCKS_PER_SLOT)
             wx_next = slot_scale_words(sx_ptr, rows, M, kb_next, k_blocks, stride_sxr, stride_sxc, X_SWIZZLED,

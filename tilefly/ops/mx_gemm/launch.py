@@ -117,6 +117,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     k_blocks = p.k // SCALE_BLOCK
     k_steps = _cdiv(p.k, cfg.block_k)            # ring slots along K (v1: the K-blocks)
     splits = choose_splits(cfg, tiles, k_steps, _device.sm_count(out) * configs.resident(cfg, p.fmt))
+    if cfg.scale_slots:                          # a program stages at most scale_slots slots of scales
+        splits = max(splits, _cdiv(k_steps, cfg.scale_slots))
     per_split = _cdiv(k_steps, splits)
     splits = _cdiv(k_steps, per_split)
 
@@ -131,7 +133,10 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     if cfg.kernel == 3:
         constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
-                      STAGES=cfg.stages, num_warps=cfg.num_warps)
+                      STAGES=cfg.stages)
+    if cfg.kernel == 2:
+        constexprs.update(SCALE_SLOTS=cfg.scale_slots)
+    constexprs.update(num_warps=cfg.num_warps)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     return Launch(cfg, configs.kernel_of(cfg), (tiles, splits, 1), args, constexprs, out.device, workspace,
                   WORKSPACE_AT)
