@@ -50,9 +50,12 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
     ("mxfp8", 8192, 8192, "mx2_64x64")])
 def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
     """The fastest config per shape class in the mxfp_gemm suite at 0370dbf and, for <= 64 tokens,
-    the decode probes at 0de94ef and 2ca6e96 (BENCHMARKS.md); ``exact`` keeps v3 out."""
+    the decode probes at 0de94ef, 2ca6e96 and 93538b4 (BENCHMARKS.md); ``exact`` keeps v3 out."""
     assert configs.pick(rows, cols, 4096, fmt).name.startswith(name + "_")
-    assert configs.pick(rows, cols, 4096, fmt, exact=True).kernel == 2
+    exact = configs.pick(rows, cols, 4096, fmt, exact=True)
+    assert exact.kernel == 2 and bool(exact.scale_slots) == (cols <= 64)
+    if cols <= 32:      # staged scales at decode widths (probe at 93538b4)
+        assert configs.pick(rows, cols, 4096, fmt).scale_slots == configs.V2_STAGED_SLOTS
 
 
 def test_v2_smem_counts_the_double_unpack_buffer():

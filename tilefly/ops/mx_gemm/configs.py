@@ -193,17 +193,21 @@ def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 
 def pick(rows: int, cols: int, k: int, fmt: str, exact: bool = False) -> MXConfig:
     """The config the eager path runs (rows >= cols): v3 at 33-64 tokens (``v3_configs``) unless
-    ``exact`` (v3 shares the BF16 route's exactness limit, upcast.py); otherwise v2, 128 rows for
-    <= 32 tokens, 128 rows on two warpgroups for MXFP8 at 33-64, 64 rows above (mxfp_gemm suite, 0370dbf).
-    v1 won 4096-row weights with <= 32 tokens at 0370dbf; on the decode probe at 0de94ef
-    (scripts/mx_decode_probe.py, H200) it took 1.2-6x v2's time on every such shape (MXFP4
-    32 x 4096 x 4096: 61.9 us against 23.2), and v2's 128-row build took at most 1.17x the time
-    of the best v2 build and split count on all eight (BENCHMARKS.md, session 18)."""
+    ``exact`` (v3 shares the BF16 route's exactness limit, upcast.py); otherwise v2 with staged scales
+    at <= 64 tokens (128 rows up to 32, 64 rows above) and v2's 64-row build beyond.
+    Decode probe at 93538b4 (scripts/mx_decode_probe.py, H200, BENCHMARKS.md session 23): staging took
+    MXFP8 32 x 14336 x 4096 from 41.0 to 33.0 us and 8 x 4096 x 4096 from 15.0 to 12.3 (MXFP4: 50.8 to
+    45.4, 16.5 to 16.0); the 128-row build was within 0.5 us of the best staged build at <= 32 tokens
+    except MXFP4 32 x 4096 x 4096 (21.4 against 20.2), and 64 rows won at 64 tokens (26.4 against 27.6).
+    v1 took 1.2-6x v2's time on every decode shape (session 18)."""
     v3 = v3_configs(rows, cols, k, fmt)
     if v3 and not exact:
         return v3[0]
+    staged = v2_staged_configs(rows, cols, k, fmt)
+    if len(staged) == 2:
+        return staged[0] if cols <= 32 else staged[1]
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
-    chosen = v2_wide if cols <= 32 or (cols <= 64 and fmt == "mxfp8") else v2_narrow
+    chosen = v2_narrow if cols > 64 else v2_wide
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
 
 
