@@ -290,6 +290,32 @@ def test_v2_extreme_and_nan_scales(fmt, swizzled, m, n):
         check_extreme_scale_run(a, b, sa, sb, swizzled, cfg, ref, expect_nan)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_staged_scales_with_only_the_token_side_extreme(fmt, swizzled):
+    """Weight scales within 2^+-30 and token scales from 2^-127 to 2^100, no NaN: the weight side (X
+    after the swap) is moderate but the staged words are not ``plain``, so the general decode runs;
+    the token rows at 2^-127 underflow in FP32 like the reference's rounding allows."""
+    m, n, k = 16, 4096, 512
+    g = torch.Generator(device="cuda").manual_seed(41)
+    a, b_nk = raw_data(fmt, m, k, g), raw_data(fmt, n, k, g)
+    choices = torch.tensor([0, 1, 60, 127, 200, 227], device="cuda", dtype=torch.uint8)
+    bits_a = choices[torch.randint(0, len(choices), (m, k // 32), device="cuda", generator=g)]
+    bits_b = torch.randint(97, 158, (n, k // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
+    if swizzled:
+        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
+    b = b_nk.t()
+    ref = reference(a, b, sa, sb, fmt, swizzled)
+    assert torch.isfinite(ref).all() and ref.abs().max() > 2.0 ** 90
+    row_max = ref.abs().amax(dim=1, keepdim=True)      # token rows differ by up to 2^227: compare each to its own
+    for cfg in [c for c in _v2(m, n, k, fmt) if c.scale_slots]:
+        out = torch.full((m, n), 12345.0, device="cuda", dtype=torch.float32)
+        run_config(a, b, sa, sb, swizzled, cfg, out)
+        torch.testing.assert_close(out.double() / row_max, ref / row_max, rtol=2.0 ** -12, atol=2.0 ** -12)
+
+
 # ---- the FP4 unpack's PRMT program, transcribed to Python ----------------------------------------
 
 def _prmt(a, b, c):

@@ -135,13 +135,26 @@ def load_scale_words(s_ptr, off, n_idx, kb_first, k_slots, k_blocks, stride_r, s
 
 
 @gluon.jit
-def words_moderate(words):
-    """``scales_moderate`` over staged words: every byte NaN or within 2^+-MODERATE_EXP."""
+def words_range(words):
+    """(largest |e - 127| over the staged words' bytes other than NaN, whether any byte is NaN)."""
     worst = gl.zeros_like(words)
+    nan = gl.zeros_like(words)
     for j in gl.static_range(BLOCKS_PER_SLOT):
         byte = (words >> (8 * j)) & 255
         worst = gl.maximum(worst, gl.where(byte == E8M0_NAN, 0, gl.abs(byte - 127)))
-    return gl.max(gl.max(worst, axis=1), axis=0) <= MODERATE_EXP
+        nan = gl.maximum(nan, (byte == E8M0_NAN).to(gl.int32))
+    return gl.max(gl.max(worst, axis=1), axis=0), gl.max(gl.max(nan, axis=1), axis=0) > 0
+
+
+@gluon.jit
+def exponent_scale(word, j: gl.constexpr):
+    """2^(e - 127) as FP32 for byte j (= e) of scale words: e moved into the exponent field, two
+    integer ops. Exact for e in 1..254 only (0 is a subnormal, 255 NaN): the ``plain`` path."""
+    if j == 3:
+        bits = (word >> 1) & 0x7F800000
+    else:
+        bits = (word << (23 - 8 * j)) & 0x7F800000
+    return bits.to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -220,13 +233,20 @@ def block_operands(x_tiles, y_tiles, j: gl.constexpr):
 
 
 @gluon.jit
-def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate):
-    ex = word_byte(wx, j, kb, k_blocks)
-    ey = word_byte(wy, j, kb, k_blocks)
-    if moderate:
-        acc = add_scaled_fast(acc, partial, ex, ey)
+def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, plain):
+    """acc + partial scaled by block j's row and column scales. ``plain`` (staged scales, every byte
+    of both operands within 2^+-MODERATE_EXP, none NaN): ``add_scaled_fast``'s two FP32 ops with the
+    scales decoded in two integer ops each and no K-tail check (staging already set those bytes to
+    127), about half the instructions of the general path."""
+    if plain:
+        acc = gl.fma(partial * exponent_scale(wx, j)[:, None], exponent_scale(wy, j)[None, :], acc)
     else:
-        acc = add_scaled(acc, partial, ex, ey)
+        ex = word_byte(wx, j, kb, k_blocks)
+        ey = word_byte(wy, j, kb, k_blocks)
+        if moderate:
+            acc = add_scaled_fast(acc, partial, ex, ey)
+        else:
+            acc = add_scaled(acc, partial, ex, ey)
     return acc
 
 
@@ -267,11 +287,15 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
     if STAGED:
-        moderate = words_moderate(staged_x)
+        worst_x, nan_x = words_range(staged_x)
+        worst_y, nan_y = words_range(staged_y)
+        moderate = worst_x <= MODERATE_EXP
+        plain = moderate & (worst_y <= MODERATE_EXP) & (not nan_x) & (not nan_y)
         words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
         words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
         gl.thread_barrier()
     else:
+        plain = False
         moderate = scales_moderate(sx_ptr, off_m, M, kb_first,
                                    gl.minimum(k_slots * BLOCKS_PER_SLOT, k_blocks - kb_first), k_blocks,
                                    stride_sxr, stride_sxc, X_SWIZZLED, BLOCK_M, num_warps)
@@ -321,15 +345,15 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         x_op, y_op = block_operands(x_tiles, y_tiles, 1)
         odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
         even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-        acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate)
+        acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain)
         x_op, y_op = block_operands(x_tiles, y_tiles, 2)
         even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
         odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
-        acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate)
+        acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain)
         x_op, y_op = block_operands(x_tiles, y_tiles, 3)
         odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
         even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-        acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate)
+        acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain)
         if FP4:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
@@ -338,7 +362,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                 unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
                 fence_async_shared()
         odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-        acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate)
+        acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain)
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
