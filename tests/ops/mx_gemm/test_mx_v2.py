@@ -44,17 +44,17 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
 
 
 @pytest.mark.parametrize("fmt, rows, cols, name", [
-    ("mxfp8", 4096, 32, "mx2_128x32"), ("mxfp4", 4096, 32, "mx2_128x32"), ("mxfp8", 4096, 8, "mx2_128x8"),
-    ("mxfp8", 14336, 32, "mx2_128x32"),
+    ("mxfp8", 4096, 32, "mx2_64x32"), ("mxfp4", 4096, 32, "mx2_64x32"), ("mxfp8", 4096, 8, "mx2_64x8"),
+    ("mxfp4", 4096, 8, "mx2_128x8"), ("mxfp8", 14336, 32, "mx2_128x32"), ("mxfp4", 14336, 32, "mx2_128x32"),
     ("mxfp8", 4096, 64, "mx3_64x64"), ("mxfp4", 4096, 64, "mx3_64x64"), ("mxfp8", 4096, 33, "mx3_64x64"),
     ("mxfp8", 8192, 8192, "mx2_64x64")])
 def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
     """The fastest config per shape class in the mxfp_gemm suite at 0370dbf and, for <= 64 tokens,
-    the decode probes at 0de94ef, 2ca6e96 and 93538b4 (BENCHMARKS.md); ``exact`` keeps v3 out."""
+    the decode probes at 0de94ef, 2ca6e96, 93538b4 and 51e6b28 (BENCHMARKS.md); ``exact`` keeps v3 out."""
     assert configs.pick(rows, cols, 4096, fmt).name.startswith(name + "_")
     exact = configs.pick(rows, cols, 4096, fmt, exact=True)
     assert exact.kernel == 2 and bool(exact.scale_slots) == (cols <= 64)
-    if cols <= 32:      # staged scales at decode widths (probe at 93538b4)
+    if cols <= 32:      # staged scales at decode widths
         assert configs.pick(rows, cols, 4096, fmt).scale_slots == configs.V2_STAGED_SLOTS
 
 
@@ -294,7 +294,7 @@ def test_v2_extreme_and_nan_scales(fmt, swizzled, m, n):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("swizzled", [False, True])
 def test_staged_scales_with_only_the_token_side_extreme(fmt, swizzled):
-    """Weight scales within 2^+-30 and token scales from 2^-127 to 2^100, no NaN: the weight side (X
+    """Weight scales within 2^+-15 and token scales from 2^-127 to 2^100, no NaN: the weight side (X
     after the swap) is moderate but the staged words are not ``plain``, so the general decode runs;
     the token rows at 2^-127 underflow in FP32 like the reference's rounding allows."""
     m, n, k = 16, 4096, 512
@@ -302,13 +302,13 @@ def test_staged_scales_with_only_the_token_side_extreme(fmt, swizzled):
     a, b_nk = raw_data(fmt, m, k, g), raw_data(fmt, n, k, g)
     choices = torch.tensor([0, 1, 60, 127, 200, 227], device="cuda", dtype=torch.uint8)
     bits_a = choices[torch.randint(0, len(choices), (m, k // 32), device="cuda", generator=g)]
-    bits_b = torch.randint(97, 158, (n, k // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    bits_b = torch.randint(112, 143, (n, k // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
     sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
     if swizzled:
         sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
     b = b_nk.t()
     ref = reference(a, b, sa, sb, fmt, swizzled)
-    assert torch.isfinite(ref).all() and ref.abs().max() > 2.0 ** 90
+    assert torch.isfinite(ref).all() and 2.0 ** 90 < ref.abs().max() < 2.0 ** 126     # FP32 output holds it
     row_max = ref.abs().amax(dim=1, keepdim=True)      # token rows differ by up to 2^227: compare each to its own
     for cfg in [c for c in _v2(m, n, k, fmt) if c.scale_slots]:
         out = torch.full((m, n), 12345.0, device="cuda", dtype=torch.float32)

@@ -191,21 +191,32 @@ def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     return MXConfig(128, block_n, _stages(128, block_n, fmt), num_warps)
 
 
+def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
+    """Tile rows of the staged v2 build the eager path runs at <= 32 tokens: 64 (twice the programs,
+    each on half the rows) below 8192 weight rows, except for MXFP4 at K > 4096 or <= 8 tokens, 128
+    otherwise. Decode probe at 51e6b28 (BENCHMARKS.md session 23), us, 64 against 128 rows: MXFP8
+    32 x 4096 x 4096 15.0 / 18.4, 32 x 4096 x 14336 27.3-28.5 / 29.1-29.9, 32 x 14336 x 4096 26.0 /
+    24.6, 8 x 4096 x 4096 11.4 / 12.1; MXFP4 32 x 4096 x 4096 17.6-18.6 / 20.0-20.8, 32 x 4096 x 14336
+    41.2 / 37.0, 8 x 4096 x 4096 15.7-16.2 / 14.4-15.4."""
+    if rows >= 8192 or (fmt == "mxfp4" and (k > 4096 or cols <= 8)):
+        return 128
+    return 64
+
+
 def pick(rows: int, cols: int, k: int, fmt: str, exact: bool = False) -> MXConfig:
     """The config the eager path runs (rows >= cols): v3 at 33-64 tokens (``v3_configs``) unless
     ``exact`` (v3 shares the BF16 route's exactness limit, upcast.py); otherwise v2 with staged scales
-    at <= 64 tokens (128 rows up to 32, 64 rows above) and v2's 64-row build beyond.
-    Decode probe at 93538b4 (scripts/mx_decode_probe.py, H200, BENCHMARKS.md session 23): staging took
-    MXFP8 32 x 14336 x 4096 from 41.0 to 33.0 us and 8 x 4096 x 4096 from 15.0 to 12.3 (MXFP4: 50.8 to
-    45.4, 16.5 to 16.0); the 128-row build was within 0.5 us of the best staged build at <= 32 tokens
-    except MXFP4 32 x 4096 x 4096 (21.4 against 20.2), and 64 rows won at 64 tokens (26.4 against 27.6).
-    v1 took 1.2-6x v2's time on every decode shape (session 18)."""
+    at <= 64 tokens (``staged_rows`` up to 32, 64 rows above) and v2's 64-row build beyond.
+    Staging (decode probes at 93538b4 and 51e6b28, BENCHMARKS.md session 23) took MXFP8 32 x 14336 x 4096
+    from 40.3 to 24.6 us and MXFP4 from 50.7 to 36.7; at 64 tokens (exact only) 64 rows won (26.4 against
+    27.6 us). v1 took 1.2-6x v2's time on every decode shape (session 18)."""
     v3 = v3_configs(rows, cols, k, fmt)
     if v3 and not exact:
         return v3[0]
     staged = v2_staged_configs(rows, cols, k, fmt)
     if len(staged) == 2:
-        return staged[0] if cols <= 32 else staged[1]
+        wide, narrow = staged
+        return wide if cols <= 32 and staged_rows(rows, cols, k, fmt) == 128 else narrow
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
     chosen = v2_narrow if cols > 64 else v2_wide
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
