@@ -25,7 +25,6 @@ from dataclasses import replace
 import torch
 
 SHAPES = ["8x4096x4096", "32x4096x4096", "32x14336x4096", "32x4096x14336", "64x4096x4096"]
-SPLITS = (None, 1, 2, 4, 8, 16, 32)
 
 
 def operands(m: int, n: int, k: int, fmt: str):
@@ -42,14 +41,15 @@ def variants(rows: int, cols: int, k: int, fmt: str, kernels=(1, 2, 3)):
     base = [c for c in configs.offered(rows, cols, k, fmt) if c.kernel in kernels]
     more = []
     for cfg in (c for c in base if c.kernel in (2, 3)):
+        warps = cfg.num_warps
         if cfg.kernel == 3:
-            alts = [(st, sets, 0) for st in (2, 3, 4) for sets in (1, 2)]
-        elif cfg.scale_slots:   # shallower rings fit more programs an SM; longer staged K-ranges
-            alts = [(st, 2, cfg.scale_slots) for st in (2, 3, 4)] + [(cfg.stages, 2, 32)]
+            alts = [(st, sets, 0, warps) for st in (2, 3, 4) for sets in (1, 2)]
+        elif cfg.scale_slots:   # shallower rings fit more programs an SM; two warpgroups share a tile's work
+            alts = [(st, 2, cfg.scale_slots, w) for st in (3, 4) for w in (4, 8)] + [(cfg.stages, 2, cfg.scale_slots, 8)]
         else:
-            alts = [(4, 2, 0), (8, 2, 0)]
-        for stages, sets, slots in alts:
-            alt = replace(cfg, stages=stages, max_splits=32, bf16_sets=sets, scale_slots=slots)
+            alts = [(4, 2, 0, warps), (8, 2, 0, warps)]
+        for stages, sets, slots, w in alts:
+            alt = replace(cfg, stages=stages, max_splits=32, bf16_sets=sets, scale_slots=slots, num_warps=w)
             if alt not in base and alt not in more and configs.static_reason(alt, fmt) is None:
                 more.append(alt)
     return [replace(c, max_splits=32) for c in base], more
@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--shape", action="append")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel)")
+    ap.add_argument("--splits", default="auto,1,2,4,8,16,32", help="K-split counts to force ('auto': the launcher's)")
     ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()
     if args.host_profile:
@@ -100,7 +101,7 @@ def main() -> None:
             best = None
             for cfg in base + more:
                 least = -(-k // (cfg.block_k * cfg.scale_slots)) if cfg.scale_slots else 1
-                for splits in SPLITS:
+                for splits in [None if v == "auto" else int(v) for v in args.splits.split(",")]:
                     if splits is not None and splits < least:
                         continue    # the launcher raises it to ``least``: a staged program holds scale_slots slots
                     forced[0] = splits

@@ -23,13 +23,16 @@ def _v3(m, n, k, fmt):
 # ---- configs ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
-def test_v3_is_offered_and_picked_at_33_to_64_columns_only(fmt):
+def test_v3_is_offered_at_33_to_64_columns_only_and_never_picked(fmt):
+    """The eager pick is exact everywhere: since the staged v2 build won 64 tokens (suite at 66b0808),
+    v3 only enters the benchmark's race."""
     for cols in (33, 48, 64):
         built = [c for c in configs.offered(4096, cols, 4096, fmt) if c.kernel == 3]
-        assert [c.name for c in built] == ["mx3_64x64_s2_w4_k16"] == [configs.pick(4096, cols, 4096, fmt).name]
+        assert [c.name for c in built] == ["mx3_64x64_s2_w4_k16"]
         assert configs.static_reason(built[0], fmt) is None
     for cols in (1, 8, 32, 65, 4096):
         assert not [c for c in configs.offered(4096, cols, 4096, fmt) if c.kernel == 3]
+    for cols in (1, 8, 32, 33, 48, 64, 65, 4096):
         assert configs.pick(4096, cols, 4096, fmt).kernel != 3
 
 

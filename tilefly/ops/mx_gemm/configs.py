@@ -203,16 +203,14 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
     return 64
 
 
-def pick(rows: int, cols: int, k: int, fmt: str, exact: bool = False) -> MXConfig:
-    """The config the eager path runs (rows >= cols): v3 at 33-64 tokens (``v3_configs``) unless
-    ``exact`` (v3 shares the BF16 route's exactness limit, upcast.py); otherwise v2 with staged scales
-    at <= 64 tokens (``staged_rows`` up to 32, 64 rows above) and v2's 64-row build beyond.
-    Staging (decode probes at 93538b4 and 51e6b28, BENCHMARKS.md session 23) took MXFP8 32 x 14336 x 4096
-    from 40.3 to 24.6 us and MXFP4 from 50.7 to 36.7; at 64 tokens (exact only) 64 rows won (26.4 against
-    27.6 us). v1 took 1.2-6x v2's time on every decode shape (session 18)."""
-    v3 = v3_configs(rows, cols, k, fmt)
-    if v3 and not exact:
-        return v3[0]
+def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
+    """The config the eager path runs (rows >= cols): v2 with staged scales at <= 64 tokens
+    (``staged_rows`` up to 32, 64 rows above), v2's 64-row build beyond. Staging and its plain decode
+    (decode probes at 93538b4 and 51e6b28, mxfp_gemm suite at 66b0808; BENCHMARKS.md session 23) took
+    MXFP8 32 x 14336 x 4096 from 40.3 to 24.6 us and MXFP4 from 50.7 to 36.7; at 64 tokens the suite's
+    race chose the staged 64-row build over v3 for both formats (MXFP8 19.3 us, v3 22.6 on the probe).
+    v3 (whose BF16 upcast shares the BF16 route's exactness limit) stays offered to the race only, so
+    every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18)."""
     staged = v2_staged_configs(rows, cols, k, fmt)
     if len(staged) == 2:
         wide, narrow = staged

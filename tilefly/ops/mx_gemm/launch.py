@@ -34,7 +34,7 @@ import functools
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tilefly import _device, config
+from tilefly import _device
 from tilefly.ops.gemm.configs import choose_splits
 from tilefly._triton_launch import Address
 from tilefly.ops.gemm.launch import Launch, run_cached
@@ -91,7 +91,7 @@ def _key(cfg, *tensors):
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
     """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
-    key = _key((cfg, p, out.device, config.mx_upcast == "never"), a, b, scale_a, scale_b, out, bias)
+    key = _key((cfg, p, out.device), a, b, scale_a, scale_b, out, bias)
     run_cached(_plans, key, lambda: _prepare(p, a, b, scale_a, scale_b, out, bias, cfg))
     return out
 
@@ -108,8 +108,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
         x, y, sx, sy, swz_x, swz_y, c = y, x, sy, sx, swz_y, swz_x, out.t()
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
-    # v3 (33-64 tokens) upcasts like the BF16 route and shares its exactness limit and its switch.
-    cfg = cfg or configs.pick(rows, cols, p.k, p.fmt, exact=config.mx_upcast == "never")
+    cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
     item = cfg.row_bytes(p.fmt)
     x_desc = _descriptor(x, cfg.block_m, fp4, item)
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
