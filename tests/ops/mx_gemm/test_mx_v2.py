@@ -15,10 +15,12 @@ from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operan
 
 
 def _v2(m, n, k, fmt):
-    """Both v2 builds for the shape, each also with staged scales (16 slots; the first also with 8,
-    which splits K at 1024)."""
+    """Both v2 builds for the shape, each also with staged scales: the shipped staged builds (<= 64
+    columns; wider shapes their 16-slot variants), the first with 8 slots (K split at 1024) and the
+    deeper default rings staged too."""
     built = configs.v2_configs(max(m, n), min(m, n), k, fmt)
-    staged = [replace(c, scale_slots=16) for c in built] + [replace(built[0], scale_slots=8)]
+    staged = configs.v2_staged_configs(max(m, n), min(m, n), k, fmt) or [replace(c, scale_slots=16) for c in built]
+    staged += [replace(built[0], scale_slots=8)] + [replace(c, scale_slots=16) for c in built if c.stages > 4]
     return built + [c for c in staged if configs.static_reason(c, fmt) is None]
 
 
@@ -171,7 +173,7 @@ def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
 COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
             "mx_gemm.mx2_128x16_s7_w4_k16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]",
             "mx_gemm.mx2_128x32_s4_w4_k16_ss16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
-            "mx_gemm.mx2_128x16_s7_w4_k16_ss16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]")
+            "mx_gemm.mx2_128x16_s4_w4_k16_ss16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]")
 
 
 @pytest.mark.parametrize("name", COMPILED)

@@ -2,17 +2,18 @@
 
 An ``MXConfig`` is one build of an MX kernel: ``kernel`` 1 (``kernels.mx_gemm_kernel``, a ring
 slot is one K-block of 32), 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK_K = 128 K
-elements, async wgmma with the block-scale promotion overlapped) or 3 (``kernels_v3``, the same
-slots upcast to BF16 in the CTA, for 33-64 tokens), ``block_m`` rows of the big
-side (the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring slots,
-``num_warps``, and the most K-splits the launcher may use (it splits K until every SM runs
-``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses one per problem (rows >= cols after
-the launcher's swap); ``offered`` lists the configs the benchmark races (v1, v2, and v3 at 33-64 columns).
+elements, async wgmma with the block-scale promotion overlapped; ``scale_slots`` > 0 stages the
+program's scale words in shared memory first) or 3 (``kernels_v3``, the same slots upcast to BF16 in
+the CTA), ``block_m`` rows of the big side (the wgmma M slot), ``block_n`` of the small side (wgmma N,
+8..64), ``stages`` ring slots, ``num_warps``, and the most K-splits the launcher may use (it splits K
+until every SM runs ``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses the build the eager
+path runs (rows >= cols after the launcher's swap): the staged v2 build at <= 64 columns, v2 above;
+``offered`` lists the configs the benchmark races (v1, v2, staged v2 at <= 64 columns and v3 at 33-64).
 
-First version, not yet tuned on the H200: the ring holds ~48 KB of operands per program and
-an SM runs up to three programs, well over the ~32 KB in flight an SM needs to stream at HBM
-speed; the accumulator and the per-K-block partial both live in registers, so
-block_m * block_n is kept to 32 values a thread (more spilled).
+Sizes: rings of ~48 KB (v1) to ~96 KB (v2) of operands per program; the accumulator and the
+per-K-block partials live in registers, so block_m * block_n is kept to 32 values a thread for v1
+and v2 (more spilled) and 64 for v3. Calls of at least 128 tokens take the BF16 route (upcast.py),
+not these kernels.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
 # columns (decode), where a launch is one or two waves of short programs.
 STAGED_SLOTS = (8, 16, 32)
 V2_STAGED_SLOTS = 16
+V2_STAGED_STAGES = 4
 V2_STAGED_REGS = 176        # sm_90a, triton 3.6: 168 for 128x32 over 4 warps (no per-slot scale addresses), 59-114 below
 # v3 (kernels_v3.py): operands upcast to BF16 in the CTA; one or two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
@@ -165,10 +167,14 @@ def v2_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 
 
 def v2_staged_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """``v2_configs`` with staged scales, at <= 64 columns."""
+    """``v2_configs`` with staged scales and at most V2_STAGED_STAGES ring slots, at <= 64 columns. The
+    probe at 51e6b28 (BENCHMARKS.md session 23) timed 4 slots within noise of the best depth on every
+    decode shape, and the deeper default rings of the 64-row builds up to 1.2x slower (MXFP8 32 x 4096 x
+    14336: 33.3 us at 8 slots, 28.5 at 4)."""
     if cols > 64:
         return []
-    out = [replace(c, scale_slots=V2_STAGED_SLOTS) for c in v2_configs(rows, cols, k, fmt)]
+    out = [replace(c, scale_slots=V2_STAGED_SLOTS, stages=min(c.stages, V2_STAGED_STAGES))
+           for c in v2_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
 
 
@@ -194,10 +200,10 @@ def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
     """Tile rows of the staged v2 build the eager path runs at <= 32 tokens: 64 (twice the programs,
     each on half the rows) below 8192 weight rows, except for MXFP4 at K > 4096 or <= 8 tokens, 128
-    otherwise. Decode probe at 51e6b28 (BENCHMARKS.md session 23), us, 64 against 128 rows: MXFP8
-    32 x 4096 x 4096 15.0 / 18.4, 32 x 4096 x 14336 27.3-28.5 / 29.1-29.9, 32 x 14336 x 4096 26.0 /
-    24.6, 8 x 4096 x 4096 11.4 / 12.1; MXFP4 32 x 4096 x 4096 17.6-18.6 / 20.0-20.8, 32 x 4096 x 14336
-    41.2 / 37.0, 8 x 4096 x 4096 15.7-16.2 / 14.4-15.4."""
+    otherwise. Decode probe at 51e6b28 (BENCHMARKS.md session 23), us over ring depths, 64 / 128 rows:
+    MXFP8 32 x 4096 x 4096 14.5-15.1 / 17.9-18.9, 32 x 4096 x 14336 27.3-33.3 / 29.1-29.9, 32 x 14336 x
+    4096 25.9-31.5 / 24.6-25.7, 8 x 4096 x 4096 11.4-12.7 / 11.8-13.1; MXFP4 32 x 4096 x 4096 17.6-18.6 /
+    19.9-20.8, 32 x 4096 x 14336 41.2-47.2 / 37.0-38.0, 8 x 4096 x 4096 15.7-16.2 / 14.4-16.4."""
     if rows >= 8192 or (fmt == "mxfp4" and (k > 4096 or cols <= 8)):
         return 128
     return 64
@@ -208,7 +214,7 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     (``staged_rows`` up to 32, 64 rows above), v2's 64-row build beyond. Staging and its plain decode
     (decode probes at 93538b4 and 51e6b28, mxfp_gemm suite at 66b0808; BENCHMARKS.md session 23) took
     MXFP8 32 x 14336 x 4096 from 40.3 to 24.6 us and MXFP4 from 50.7 to 36.7; at 64 tokens the suite's
-    race chose the staged 64-row build over v3 for both formats (MXFP8 19.3 us, v3 22.6 on the probe).
+    race (66b0808 and b76a2b2) chose the staged 64-row build over v3 for both formats.
     v3 (whose BF16 upcast shares the BF16 route's exactness limit) stays offered to the race only, so
     every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18)."""
     staged = v2_staged_configs(rows, cols, k, fmt)

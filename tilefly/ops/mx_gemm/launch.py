@@ -17,7 +17,8 @@ partials and per-tile tickets live in the dense GEMM's grow-only per-stream buff
 
 v2 configs (``cfg.kernel == 2``, kernels_v2) take 128-K-element boxes and split K in such slots;
 their scales are read as one 32-bit word per row and slot when the layout allows it
-(``_scale_words``), byte by byte otherwise.
+(``_scale_words``), byte by byte otherwise. Staged builds (``cfg.scale_slots``) load every scale of a
+program's K-range before its loop, so K is split into at least cdiv(slots, scale_slots) parts.
 
 Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
 descriptors and argument list (a dense-GEMM ``Launch``) and launches through Triton's JIT; later
