@@ -4,7 +4,7 @@
 #
 #   COMMIT=<sha> scripts/gpu_check.sh [--tests PYTEST_SELECTION] [--bench "SUITE ..."] [--quick]
 #                                     [--run "SHELL COMMAND"] [--no-tests] [--step-limit SECONDS]
-#                                     [--jobs N] [--rounds N] [--no-install]
+#                                     [--jobs N] [--rounds N] [--headstart-us US] [--no-install]
 #
 # The device's copy of the tree has no .git: pass the commit being measured in
 # COMMIT so the benchmark JSON records it. Example (the first call of a session):
@@ -22,6 +22,7 @@
 # has pytest-xdist): the GPU tests are bound by Gluon/Triton compiles on the
 # CPU, so eight workers cut the whole suite to a fraction of its serial time.
 # --rounds N times each case's providers in turn, N rounds (python -m tilefly bench --rounds).
+# --headstart-us US holds the GPU US µs after each L2 flush (python -m tilefly bench --headstart-us).
 # --no-install skips the editable install: for a second instance started beside a first one that
 # installs (e.g. one per GPU on a two-GPU machine, CUDA_VISIBLE_DEVICES and OUT set apart).
 set -uo pipefail
@@ -31,7 +32,7 @@ mkdir -p "$OUT" "$WORK/bench"
 export WORK  # --run commands write their files under $WORK
 export PYTHONUNBUFFERED=1
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1; ROUNDS=1; INSTALL=1
+TESTS="tests"; BENCH=""; QUICK=""; RUN=(); STEP_LIMIT=300; JOBS=1; ROUNDS=1; HEADSTART=0; INSTALL=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) TESTS="$2"; shift 2 ;;
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --step-limit) STEP_LIMIT="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
+    --headstart-us) HEADSTART="$2"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -80,7 +82,7 @@ done
 
 for suite in $BENCH; do
   say "bench $suite $QUICK"
-  step python3 -m tilefly bench --suite "$suite" $QUICK --rounds "$ROUNDS" --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
+  step python3 -m tilefly bench --suite "$suite" $QUICK --rounds "$ROUNDS" --headstart-us "$HEADSTART" --commit "$COMMIT" --out "$WORK/bench" >"$WORK/bench/$suite.md.log" 2>&1
   echo "bench exit $?" >>"$WORK/bench/$suite.md.log"
   cat "$WORK/bench/$suite.md.log" | grep -v "it/s\]" | tail -80 >>"$LOG"
   pack

@@ -60,6 +60,30 @@ def test_argument_errors():
     with pytest.raises(SystemExit):
         cli.parse_args(["--rounds", "0"])
     assert cli.parse_args(["--rounds", "5"]).rounds == 5 and cli.parse_args([]).rounds == 1
+    for bad in ("-1", "20000"):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--headstart-us", bad])
+    assert cli.parse_args(["--headstart-us", "250"]).headstart_us == 250.0
+    assert cli.parse_args([]).headstart_us == 0.0
+
+
+def test_headstart_reaches_the_policy_and_its_description(monkeypatch, tmp_path, capsys):
+    from tilefly.bench import runner, timing
+
+    seen = []
+
+    def run_suite(suite, cases, policy, *args, **kwargs):
+        seen.append(policy)
+        raise RuntimeError("stop here: only the policy is under test")
+
+    monkeypatch.setattr(runner, "run_suite", run_suite)
+    monkeypatch.setattr(cli, "run_environment", lambda commit: {})
+    status = cli.run(cli.parse_args(["--suite", "rmsnorm", "--cases", "0", "--headstart-us", "300",
+                                     "--out", str(tmp_path), "--commit", "x"]))
+    assert status == 1 and "stop here" in capsys.readouterr().err
+    assert seen[0].headstart_us == 300.0 and seen[0].rounds == 1
+    assert "held 300 µs after each flush" in seen[0].describe()
+    assert "held" not in timing.FULL.describe()
 
 
 def test_suite_selection():

@@ -35,3 +35,27 @@ def test_one_quick_case(name, tmp_path):
     data = json.loads((tmp_path / f"{name}.json").read_text())
     assert data["gpu"] and data["quick"] is True and len(data["cases"]) == 1
     assert f"| {case.index} |" in report.markdown(result)
+
+
+@pytest.mark.cuda
+def test_headstart_keeps_host_time_out_of_the_events():
+    """A call whose host side spins 400 µs before a tiny kernel: timed plainly, the GPU waits on the
+    host between the events (about 400 µs less the flush); with the GPU held 2 ms after each flush, the
+    host is ahead and the events time the kernel alone."""
+    import dataclasses
+    import time
+
+    import torch
+
+    x = torch.randn(1024, device="cuda")
+
+    def slow_host():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 400e-6:
+            pass
+        x.add_(1.0)
+
+    policy = timing.Policy(warmup_calls=2, min_reps=20, target_ms=1.0, max_reps=20)
+    plain = timing.measure(slow_host, policy).median_us
+    held = timing.measure(slow_host, dataclasses.replace(policy, headstart_us=2000.0)).median_us
+    assert plain > 200.0 and held < 50.0, (plain, held)

@@ -89,9 +89,11 @@ def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
             raise RuntimeError("gone")
 
     fns = {"a": lambda: None, "b": b_fn, "c": lambda: None}
+    policy = timing.Policy(rounds=3, headstart_us=50.0)     # the hold reaches every sample
     monkeypatch.setattr(timing, "warm", lambda fn, policy, device=None: events.append(("warm", fn)) or 10)
 
-    def sample(fn, reps, device=None):
+    def sample(fn, reps, device=None, headstart_us=0.0):
+        assert headstart_us == policy.headstart_us
         name = next(n for n, f in fns.items() if f is fn)
         events.append((name, reps))
         fn()
@@ -103,7 +105,6 @@ def test_interleaved_rounds_take_turns_and_pool_the_samples(monkeypatch):
                  Provider("n", None, note="n/a: not here"),
                  Provider("b", lambda: fns["b"], context=make_context("b"), error_label="n/a"),
                  Provider("c", lambda: fns["c"], context=make_context("c"), note="config x")]
-    policy = timing.Policy(rounds=3)
     got = runner.run_providers_interleaved(providers, policy)
     assert list(got) == ["a", "n", "b", "c"]
     order = [e[0] for e in events if e[0] != "warm"]

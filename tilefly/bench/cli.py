@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1, metavar="N",
                    help="time a case's providers in turn, N rounds of a share of the repetitions each, "
                         "so clock drift reaches all alike (default 1: one provider after another)")
+    p.add_argument("--headstart-us", type=float, default=0.0, metavar="US",
+                   help="hold the GPU US microseconds after each L2 flush, so host launch time is not timed "
+                        "(tilefly.bench.timing: 'Launch overhead'; default 0)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     p.add_argument("--render", nargs="+", metavar="FILE.json",
                    help="re-render saved results (Markdown to stdout, .md/.png beside the JSON or into --out)")
@@ -52,6 +55,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--rep must be at least 1")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if not 0 <= args.headstart_us <= 10_000:
+        p.error("--headstart-us must be within 0..10000")
     return args
 
 
@@ -191,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         policy = dataclasses.replace(policy, fixed_reps=args.rep)
     if args.rounds > 1:
         policy = dataclasses.replace(policy, rounds=args.rounds)
+    if args.headstart_us > 0:
+        policy = dataclasses.replace(policy, headstart_us=args.headstart_us)
     env = run_environment(args.commit)
     status = 0
     for name in selected_suites(args.suite):

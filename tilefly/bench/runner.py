@@ -171,7 +171,7 @@ def run_providers_interleaved(providers: list[Provider], policy: timing.Policy) 
             provider, fn, reps, _, _ = ready[name]
             try:
                 with provider.context():
-                    times[name] += timing.sample(fn, reps)
+                    times[name] += timing.sample(fn, reps, headstart_us=policy.headstart_us)
             except Exception as exc:  # noqa: BLE001
                 results[name] = _failed(provider, exc)
                 del ready[name]

@@ -39,6 +39,14 @@ Pitfalls, for whoever reads or changes these numbers:
   the GPU idles between the events and that gap is counted: a tiny op's time
   then includes host overhead. Reps are queued without syncing, so a long queue
   can also fill the launch queue and stall the host: harmless for the numbers.
+  Providers that launch several kernels from Python (tilefly's BF16 MX route, the
+  eager dequantize + ``mm``) can take 100 µs of host time a call, and the host's
+  speed differs between machines: on 2026-12-01 the same MX cases read up to 3x
+  apart on two H200 machines of different host speed (BENCHMARKS.md, session 23).
+  ``Policy.headstart_us`` (``--headstart-us``) holds the GPU that long after each
+  flush (``torch.cuda._sleep``, before the start event), so the host has queued
+  the call's launches before the GPU reaches them and the events time the GPU
+  work alone, as in a busy model or a CUDA graph; report such runs as such.
 - **Clocks are not touched.** We do not lock GPU or memory clocks (that needs
   root and changes the machine for others). Boost clocks drift with power and
   temperature, so compare providers measured in the same run, side by side, not
@@ -90,6 +98,9 @@ class Policy:
     # > 1: the runner times a case's providers in turn, this many rounds, each round a share of
     # every provider's repetitions, so that clock drift during a case reaches all of them alike.
     rounds: int = 1
+    # > 0: microseconds the GPU is held after each flush so the host's launches of the call are
+    # queued before its start event (module docstring, "Launch overhead").
+    headstart_us: float = 0.0
 
     def reps_for(self, estimate_us: float) -> int:
         if self.fixed_reps is not None:
@@ -101,9 +112,11 @@ class Policy:
         reps = f"{self.fixed_reps} reps" if self.fixed_reps is not None else \
             f"max({self.min_reps} reps, ~{self.target_ms:g} ms of op time), at most {self.max_reps} reps"
         rounds = f", in {self.rounds} rounds interleaving the providers" if self.rounds > 1 else ""
+        held = (f"; the GPU held {self.headstart_us:g} µs after each flush, so host time is excluded"
+                if self.headstart_us > 0 else "")
         return (f"median of {reps}{rounds}; CUDA events around each call; L2 flushed ({FLUSH_BYTES >> 20} MiB "
-                f"{flush_mode()}) before each; {self.warmup_calls} warm-up calls first (compile and autotuning "
-                "excluded); clocks not locked")
+                f"{flush_mode()}) before each{held}; {self.warmup_calls} warm-up calls first (compile and "
+                "autotuning excluded); clocks not locked")
 
 
 FULL = Policy()
@@ -134,12 +147,20 @@ def _flusher(device: torch.device) -> Callable[[], Any]:
     return lambda: torch.sum(buf, dim=0, out=sink)
 
 
-def _timed_calls(fn: Callable[[], Any], reps: int, device: torch.device) -> list[float]:
+# GPU clock cycles a microsecond of ``torch.cuda._sleep`` takes at most: H200's highest SM clock
+# (1.98 GHz). A lower clock makes the hold longer, never shorter.
+SLEEP_CYCLES_PER_US = 1980
+
+
+def _timed_calls(fn: Callable[[], Any], reps: int, device: torch.device, headstart_us: float = 0.0) -> list[float]:
     flush = _flusher(device)
+    hold = int(headstart_us * SLEEP_CYCLES_PER_US)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
         flush()
+        if hold:
+            torch.cuda._sleep(hold)
         start.record()
         fn()
         end.record()
@@ -154,12 +175,13 @@ def warm(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | No
     for _ in range(policy.warmup_calls):
         fn()
     torch.cuda.synchronize(device)
-    return policy.reps_for(percentile(_timed_calls(fn, 5, device), 0.5))
+    return policy.reps_for(percentile(_timed_calls(fn, 5, device, policy.headstart_us), 0.5))
 
 
-def sample(fn: Callable[[], Any], reps: int, device: torch.device | None = None) -> list[float]:
-    """Step 3: ``reps`` timed calls, each after an L2 flush (µs, sorted)."""
-    return _timed_calls(fn, reps, device or torch.device("cuda", torch.cuda.current_device()))
+def sample(fn: Callable[[], Any], reps: int, device: torch.device | None = None,
+           headstart_us: float = 0.0) -> list[float]:
+    """Step 3: ``reps`` timed calls, each after an L2 flush (and ``headstart_us`` of GPU hold), µs, sorted."""
+    return _timed_calls(fn, reps, device or torch.device("cuda", torch.cuda.current_device()), headstart_us)
 
 
 def summary(times: list[float]) -> Timing:
@@ -170,4 +192,4 @@ def summary(times: list[float]) -> Timing:
 
 def measure(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | None = None) -> Timing:
     """Time ``fn()`` on the current CUDA device as described in the module docstring."""
-    return summary(sample(fn, warm(fn, policy, device), device))
+    return summary(sample(fn, warm(fn, policy, device), device, policy.headstart_us))
