@@ -262,7 +262,7 @@ def test_swizzled_scale_offsets_match_to_blocked():
     blocked = mx.to_blocked(scales)
     r = torch.arange(rows).unsqueeze(1)
     c = torch.arange(cols).unsqueeze(0)
-    col_tiles = (cols + 3) // 4                      # kernels.scale_bytes, SWIZZLED
+    col_tiles = (cols + 3) // 4                      # scales.scale_bytes, SWIZZLED
     offs = ((r // 128) * col_tiles + c // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + c % 4
     assert torch.equal(blocked[offs], scales)
 
@@ -278,7 +278,7 @@ def test_e2m1_to_e4m3_bits_are_exact():
 
 
 def test_crossed_half_scales_are_exact_over_the_e8m0_range():
-    """kernels.add_scaled: fma(partial * g1, g2, acc) with g1 = 2^(floor(a/2) + ceil(b/2)),
+    """scales.add_scaled: fma(partial * g1, g2, acc) with g1 = 2^(floor(a/2) + ceil(b/2)),
     g2 = 2^(ceil(a/2) + floor(b/2)), a = ex - 127, b = ey - 127, in FP32: one rounding."""
     ex = torch.tensor([0, 0, 1, 100, 127, 127, 200, 254, 254, 0, 254, 3, 250], dtype=torch.int32)
     ey = torch.tensor([0, 254, 254, 30, 127, 10, 100, 0, 254, 127, 1, 252, 4], dtype=torch.int32)
@@ -358,7 +358,7 @@ def test_tall_problems_are_not_swapped(launch_cpu):
 
 
 def test_fast_scaling_is_exact_for_moderate_row_scales():
-    """kernels.add_scaled_fast: fma(partial * 2^a, 2^b, acc) with |a| <= 100 and any b (byte 0 the
+    """scales.add_scaled_fast: fma(partial * 2^a, 2^b, acc) with |a| <= 100 and any b (byte 0 the
     subnormal 2^-127), over the extreme partials an FP8 K-block can produce."""
     def value(bits):
         pattern = torch.where(bits == 0, 1 << 22, bits << 23)

@@ -82,7 +82,7 @@ def test_compile_specs_cover_every_shipped_v2_config():
 # ---- the scale words, transcribed to torch -----------------------------------------------------
 
 def test_swizzled_scale_words_hold_the_slots_four_blocks():
-    """kernels_v2.slot_scale_words with SWIZZLED: the int32 at byte offset scale_offsets(r, kb0)
+    """scales.slot_scale_words with SWIZZLED: the int32 at byte offset scale_offsets(r, kb0)
     (kb0 a multiple of 4) holds scales (r, kb0 + j) in byte j; K-blocks past K read padding,
     which word_byte replaces with 127."""
     rows, k_blocks = 300, 11

@@ -3,10 +3,11 @@
 Registration only: ``aten::_scaled_mm_v2`` (what ``F.scaled_mm`` calls; on torch 2.11 also an
 eager fallback inside compiled graphs) and the legacy ``aten::_scaled_mm`` go through the router;
 non-MX calls stay ATen's. See eligibility.py (the predicate and its error messages), eager.py
-(the ops), launch.py (host side), configs.py, kernels.py (Gluon, v1: one 32-K block a ring slot,
-synchronous wgmma), kernels_v2.py (Gluon, v2: 128-K slots, async wgmma with the block-scale
-promotion overlapped, PRMT FP4 unpack), upcast.py (the BF16 route of large shapes),
-requant.py (opt-in, inexact) and bench.py.
+(the ops), launch.py (host side), configs.py, scales.py (Gluon: reading, staging and applying the
+E8M0 scales, shared by the kernels), kernels.py (Gluon, v1: one 32-K block a ring slot, synchronous
+wgmma), kernels_v2.py (Gluon, v2: 128-K slots, async wgmma with the block-scale promotion overlapped,
+PRMT FP4 unpack, scales staged for decode), kernels_v3.py (Gluon, operands upcast to BF16 in the CTA),
+upcast.py (the BF16 route of large shapes), requant.py (opt-in, inexact) and bench.py.
 
 No Inductor candidates: on torch 2.13 a compiled MX ``F.scaled_mm`` never reaches
 ``tuned_scaled_mm_v2``'s choices. The meta function requires SWIZZLE_32_4_4 scales for MX and the

@@ -23,7 +23,8 @@ Layout plan (one program per (output tile, K-split), ``num_warps`` 4 or 8):
                     and as many accumulator values.
     scales          per K-block, each thread loads the scale bytes of its own accumulator rows
                     and columns (slices of the accumulator layout, a few bytes, L1/L2 hits)
-                    from NO_SWIZZLE (row, col strides) or SWIZZLE_32_4_4 offsets.
+                    from NO_SWIZZLE (row, col strides) or SWIZZLE_32_4_4 offsets (scales.py holds
+                    the scale helpers all MX kernels share).
     scaling         a program first scans its X rows' scale bytes (``scales_moderate``). All
                     within 2^+-100 (the common case): acc = fma(partial * 2^ex', 2^ey', acc),
                     two FP32 ops an element (``add_scaled_fast``). Otherwise, for every K-block
@@ -49,112 +50,9 @@ from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.gluon.wgmma import prefetch
-
-SCALE_BLOCK = gl.constexpr(32)   # K elements per E8M0 scale; also one FP8 wgmma instruction's K
-E8M0_NAN = gl.constexpr(255)
-# SWIZZLE_32_4_4: 128 x 4 scale tiles of 512 bytes, scale (r, c) at (r % 32) * 16 + (r // 32) * 4 + c
-SWZ_TILE_ROWS = gl.constexpr(128)
-SWZ_TILE_COLS = gl.constexpr(4)
-SWZ_TILE_BYTES = gl.constexpr(512)
-
-# Row scales within 2^+-100 keep partial * row scale an FP32 normal (|partial| in [2^-18, 2^23]).
-MODERATE_EXP = gl.constexpr(100)
-SCAN_K = gl.constexpr(16)        # K-blocks a step of the scale scan reads
+from tilefly.ops.mx_gemm.scales import SCALE_BLOCK, add_scaled, add_scaled_fast, scale_bytes, scales_moderate
 
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "iters_per_split"]
-
-
-@gluon.jit
-def scale_offsets(idx, kb, k_blocks, stride_r, stride_c, SWIZZLED: gl.constexpr):
-    """Byte offsets of scales (idx, kb), elementwise (idx and kb broadcast against each other)."""
-    idx64 = idx.to(gl.int64)
-    if SWIZZLED:
-        col_tiles = (k_blocks + SWZ_TILE_COLS - 1) // SWZ_TILE_COLS
-        tile = (idx64 // SWZ_TILE_ROWS) * col_tiles + kb // SWZ_TILE_COLS
-        return tile * SWZ_TILE_BYTES + (idx64 % 32) * 16 + ((idx64 // 32) % 4) * 4 + kb % SWZ_TILE_COLS
-    return idx64 * stride_r + kb * stride_c
-
-
-@gluon.jit
-def scale_bytes(s_ptr, idx, n_idx, kb, k_blocks, stride_r, stride_c, SWIZZLED: gl.constexpr):
-    """The E8M0 bytes (as int32) of rows ``idx`` for K-block ``kb``; 127 (2^0) past ``n_idx``."""
-    offs = scale_offsets(idx, kb, k_blocks, stride_r, stride_c, SWIZZLED)
-    return gl.load(s_ptr + offs, mask=idx < n_idx, other=127).to(gl.int32)
-
-
-@gluon.constexpr_function
-def scan_layout(num_warps):
-    return gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
-
-
-@gluon.jit
-def scales_moderate(s_ptr, off, n_idx, k_first, k_iters, k_blocks, stride_r, stride_c,
-                    SWIZZLED: gl.constexpr, BLOCK: gl.constexpr, num_warps: gl.constexpr):
-    """Whether every scale of rows [off, off + BLOCK) in this program's K-blocks is NaN or within
-    2^+-MODERATE_EXP: then ``add_scaled_fast`` is exact for the whole tile. One pass over the
-    tile's scale bytes (BLOCK x k_iters, small next to its BLOCK x 32 x k_iters operand bytes)."""
-    layout: gl.constexpr = scan_layout(num_warps)
-    idx = off + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
-    worst = gl.zeros([BLOCK, SCAN_K], gl.int32, layout)
-    for k0 in range(0, k_iters, SCAN_K):
-        kb = k_first + k0 + gl.arange(0, SCAN_K, layout=gl.SliceLayout(0, layout))
-        offs = scale_offsets(idx[:, None], kb[None, :], k_blocks, stride_r, stride_c, SWIZZLED)
-        mask = (idx < n_idx)[:, None] & (kb < k_first + k_iters)[None, :]
-        bits = gl.load(s_ptr + offs, mask=mask, other=127).to(gl.int32)
-        dev = gl.where(bits == E8M0_NAN, 0, gl.abs(bits - 127))
-        worst = gl.maximum(worst, dev)
-    return gl.max(gl.max(worst, axis=1), axis=0) <= MODERATE_EXP
-
-
-@gluon.jit
-def pow2(h):
-    """2^h as FP32 from its exponent bits, for integer h in [-126, 127]."""
-    return ((h + 127) << 23).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def scale_halves(bits):
-    """E8M0 bytes (int32) -> (2^floor(e/2), 2^ceil(e/2)) with e = bits - 127: two normal FP32
-    powers of two (|half| <= 64) whose product is the scale; the first is NaN for byte 255."""
-    e = bits - 127
-    lo = e >> 1
-    return gl.where(bits == E8M0_NAN, float("nan"), pow2(lo)), pow2(e - lo)
-
-
-@gluon.jit
-def add_scaled(acc, partial, ex, ey):
-    """acc + partial * 2^(ex-127) * 2^(ey-127), ex per row and ey per column (int32 E8M0 bytes
-    in slices of acc's layout); NaN where either byte is 255.
-
-    The product of the two scales, 2^-254 .. 2^254, is outside FP32, and applying one scale
-    first can overflow or lose bits in the intermediate. So each scale is split in halves and
-    the halves are crossed: g1 = 2^(floor(ex'/2) + ceil(ey'/2)), g2 = 2^(ceil(ex'/2) +
-    floor(ey'/2)), each in [2^-127, 2^127] and exact (2^-127 is an FP32 subnormal, still a
-    power of two), g1 * g2 the full scale. ``partial * g1`` lies between the partial and the
-    result, so it overflows only when the result does, and the FMA rounds once: the result is
-    exact-then-rounded wherever it is an FP32 normal. Per element: two products for g1, g2,
-    one for partial * g1, one FMA."""
-    x_lo, x_hi = scale_halves(ex)
-    y_lo, y_hi = scale_halves(ey)
-    g1 = x_lo[:, None] * y_hi[None, :]
-    g2 = x_hi[:, None] * y_lo[None, :]
-    return gl.fma(partial * g1, g2, acc)
-
-
-@gluon.jit
-def scale_value(bits):
-    """E8M0 bytes (int32) -> 2^(bits - 127) as FP32, exactly (byte 0 is the subnormal 2^-127);
-    NaN for byte 255."""
-    pattern = gl.where(bits == 0, 1 << 22, bits << 23)
-    return gl.where(bits == E8M0_NAN, float("nan"), pattern.to(gl.float32, bitcast=True))
-
-
-@gluon.jit
-def add_scaled_fast(acc, partial, ex, ey):
-    """``add_scaled`` in two FP32 ops an element, for rows whose scales are within
-    2^+-MODERATE_EXP (or NaN): partial * 2^ex' is then exact (|partial| is in [2^-18, 2^23] or 0,
-    so the product stays an FP32 normal), and the FMA with the column scale rounds once."""
-    return gl.fma(partial * scale_value(ex)[:, None], scale_value(ey)[None, :], acc)
 
 
 @gluon.jit

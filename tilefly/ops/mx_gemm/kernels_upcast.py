@@ -27,7 +27,7 @@ for Triton's row reductions and layout changes (2-4 KB, sm_90a compile).
 import triton
 import triton.language as tl
 
-from tilefly.ops.mx_gemm.kernels import SWZ_TILE_BYTES, SWZ_TILE_COLS, SWZ_TILE_ROWS
+from tilefly.ops.mx_gemm.scales import SWZ_TILE_BYTES, SWZ_TILE_COLS, SWZ_TILE_ROWS
 from tilefly.ops.mx_gemm.kernels_requant import _e2m1_value, _pow2
 
 E8M0_NAN = tl.constexpr(255)
@@ -38,7 +38,7 @@ E_HI = tl.constexpr(246)    # 448 * 2^(246 - 127) < 2^128, BF16's overflow
 
 @triton.jit
 def _scale_offsets(rows, kb, k_blocks, stride_r, stride_c, SWIZZLED: tl.constexpr):
-    """Byte offsets of scales (rows, kb), broadcast against each other: kernels.scale_offsets for plain
+    """Byte offsets of scales (rows, kb), broadcast against each other: scales.scale_offsets for plain
     Triton kernels (the Gluon one compiles when called from here, but Triton's interpreter, which
     runs these kernels in CI, cannot call a Gluon function)."""
     r = rows.to(tl.int64)

@@ -81,106 +81,12 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels import (E8M0_NAN, MODERATE_EXP, SCALE_BLOCK, add_scaled, add_scaled_fast,
-                                         scale_offsets, scales_moderate)
+from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, MODERATE_EXP, SCALE_BLOCK, add_scaled, add_scaled_fast,
+                                        exponent_scale, load_scale_words, scales_moderate, slot_scale_words,
+                                        stage_words, word_byte, words_range)
 
-BLOCK_K = gl.constexpr(128)              # K elements a ring slot holds
-BLOCKS_PER_SLOT = gl.constexpr(4)        # scale blocks a slot holds: one 32-bit scale word
-NEUTRAL_WORD = gl.constexpr(0x7F7F7F7F)  # four bytes 127: 2^0 for every block of a masked row
-
+BLOCK_K = gl.constexpr(128)              # K elements a ring slot holds: BLOCKS_PER_SLOT scale blocks
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
-
-
-@gluon.jit
-def slot_scale_words(s_ptr, idx, n_idx, kb0, k_blocks, stride_r, stride_c,
-                     SWIZZLED: gl.constexpr, WORDS: gl.constexpr):
-    """One int32 per entry of ``idx``: byte j holds the E8M0 byte of (idx, kb0 + j), j < 4;
-    127 for rows past ``n_idx`` and K-blocks past ``k_blocks``. ``kb0`` is a multiple of 4."""
-    valid = idx < n_idx
-    if WORDS:
-        offs = scale_offsets(idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED)
-        word_ptr = (s_ptr + offs).to(gl.pointer_type(gl.int32), bitcast=True)
-        word = gl.load(word_ptr, mask=valid, other=NEUTRAL_WORD)
-    else:
-        word = gl.zeros_like(idx)
-        for j in gl.static_range(BLOCKS_PER_SLOT):
-            offs = scale_offsets(idx, kb0 + j, k_blocks, stride_r, stride_c, SWIZZLED)
-            byte = gl.load(s_ptr + offs, mask=valid & (kb0 + j < k_blocks), other=127).to(gl.int32)
-            word = word | (byte << (8 * j))
-    return word
-
-
-@gluon.constexpr_function
-def staging_layout(num_warps):
-    """[rows, slots] scale words: 4 consecutive slots of one row a thread (16 contiguous bytes of a
-    NO_SWIZZLE row), 8 rows by 4 slot groups a warp, warps along the rows."""
-    return gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
-
-
-@gluon.jit
-def load_scale_words(s_ptr, off, n_idx, kb_first, k_slots, k_blocks, stride_r, stride_c,
-                     SWIZZLED: gl.constexpr, WORDS: gl.constexpr, BLOCK: gl.constexpr, SLOTS: gl.constexpr,
-                     num_warps: gl.constexpr):
-    """int32 [BLOCK, SLOTS]: word (r, s) holds in byte j the E8M0 byte of row off + r and K-block
-    kb_first + 4 s + j; 127 for rows past ``n_idx``, slots past ``k_slots`` and K-blocks past K."""
-    layout: gl.constexpr = staging_layout(num_warps)
-    idx = (off + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout)))[:, None]
-    slot = gl.arange(0, SLOTS, layout=gl.SliceLayout(0, layout))[None, :]
-    kb0 = kb_first + slot * BLOCKS_PER_SLOT
-    valid = (idx < n_idx) & (slot < k_slots)
-    words = gl.zeros([BLOCK, SLOTS], gl.int32, layout)
-    if WORDS:
-        word_ptr = (s_ptr + scale_offsets(idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED)).to(
-            gl.pointer_type(gl.int32), bitcast=True)
-        loaded = gl.load(word_ptr, mask=valid, other=NEUTRAL_WORD)
-        for j in gl.static_range(BLOCKS_PER_SLOT):
-            words = words | (word_byte(loaded, j, kb0 + j, k_blocks) << (8 * j))
-    else:
-        for j in gl.static_range(BLOCKS_PER_SLOT):
-            offs = scale_offsets(idx, kb0 + j, k_blocks, stride_r, stride_c, SWIZZLED)
-            byte = gl.load(s_ptr + offs, mask=valid & (kb0 + j < k_blocks), other=127).to(gl.int32)
-            words = words | (byte << (8 * j))
-    return words
-
-
-@gluon.jit
-def words_range(words):
-    """(largest |e - 127| over the staged words' bytes other than NaN, whether any byte is NaN)."""
-    worst = gl.zeros_like(words)
-    nan = gl.zeros_like(words)
-    for j in gl.static_range(BLOCKS_PER_SLOT):
-        byte = (words >> (8 * j)) & 255
-        worst = gl.maximum(worst, gl.where(byte == E8M0_NAN, 0, gl.abs(byte - 127)))
-        nan = gl.maximum(nan, (byte == E8M0_NAN).to(gl.int32))
-    return gl.max(gl.max(worst, axis=1), axis=0), gl.max(gl.max(nan, axis=1), axis=0) > 0
-
-
-@gluon.jit
-def exponent_scale(word, j: gl.constexpr):
-    """2^(e - 127) as FP32 for byte j (= e) of scale words: e moved into the exponent field, two
-    integer ops. Exact for e in 1..254 only (0 is a subnormal, 255 NaN): the ``plain`` path."""
-    if j == 3:
-        bits = (word >> 1) & 0x7F800000
-    else:
-        bits = (word << (23 - 8 * j)) & 0x7F800000
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def stage_words(words, BLOCK: gl.constexpr, SLOTS: gl.constexpr):
-    """Shared int32 [SLOTS, BLOCK] holding ``words`` transposed: a slot's words are one row."""
-    smem = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    smem.store(gl.permute(words, (1, 0)))
-    # The same bytes with a rank-1 layout, so that ``.index(slot)`` gives a loadable row.
-    return smem._reinterpret(gl.int32, [SLOTS, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-
-
-@gluon.jit
-def word_byte(word, j: gl.constexpr, kb, k_blocks):
-    """Byte j of scale words (int32, 0..255); 127 when K-block ``kb`` is past K (the swizzled
-    layout pads K-blocks to 4 with arbitrary bytes, which must not turn zero padding into NaN)."""
-    byte = (word >> (8 * j)) & 255
-    return gl.where(kb < k_blocks, byte, 127)
 
 
 @gluon.constexpr_function

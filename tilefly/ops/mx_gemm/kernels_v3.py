@@ -26,7 +26,7 @@ along M for BLOCK_M = 128):
                     factor 2^(e - e_ref) is then <= 1, so upcast values stay <= 448 and none overflows;
                     a value underflows only where a row's scales span more than 2^117 (the BF16
                     route's limit, upcast.py). The epilogue multiplies row r and column c by
-                    2^(e_ref - 127) each (kernels.add_scaled: halves crossed, exact, one rounding).
+                    2^(e_ref - 127) each (scales.add_scaled: halves crossed, exact, one rounding).
     upcast          per K-block j of a slot, for X then Y: each thread loads 16 bytes of one row from
                     the ring slot (``block_layout``: 16 rows a warp, two threads a 32-element block;
                     MXFP4: 8 packed bytes, unpacked to E4M3 with v2's PRMT table), converts 4 values
@@ -66,8 +66,9 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels import E8M0_NAN, SCALE_BLOCK, SCAN_K, add_scaled, scale_offsets, scan_layout
-from tilefly.ops.mx_gemm.kernels_v2 import _UNPACK_ASM, BLOCK_K, BLOCKS_PER_SLOT, slot_scale_words, word_byte
+from tilefly.ops.mx_gemm.kernels_v2 import _UNPACK_ASM, BLOCK_K
+from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, E8M0_NAN, SCALE_BLOCK, SCAN_K, add_scaled, scale_offsets,
+                                        scan_layout, slot_scale_words, word_byte)
 
 BF16_NAN = gl.constexpr(0x7FC0)
 PACKED_BLOCK = gl.constexpr(16)          # bytes of one MXFP4 K-block
