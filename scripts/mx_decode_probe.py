@@ -39,11 +39,15 @@ def variants(rows: int, cols: int, k: int, fmt: str, kernels=(1, 2, 3)):
     from tilefly.ops.mx_gemm import configs
 
     base = [c for c in configs.offered(rows, cols, k, fmt) if c.kernel in kernels]
+    if 4 in kernels:          # v4 (MXFP4 scales folded into the operands) is built but not yet offered
+        base += configs.v4_configs(rows, cols, k, fmt)
     more = []
-    for cfg in (c for c in base if c.kernel in (2, 3)):
+    for cfg in (c for c in base if c.kernel in (2, 3, 4)):
         warps = cfg.num_warps
         if cfg.kernel == 3:
             alts = [(st, sets, 0, warps) for st in (2, 3, 4) for sets in (1, 2)]
+        elif cfg.kernel == 4:
+            alts = [(st, 2, cfg.scale_slots, warps) for st in (2, 3, 6)]
         elif cfg.scale_slots:   # shallower rings fit more programs an SM; two warpgroups share a tile's work
             alts = [(st, 2, cfg.scale_slots, w) for st in (3, 4) for w in (4, 8)] + [(cfg.stages, 2, cfg.scale_slots, 8)]
         else:
@@ -60,7 +64,8 @@ def main() -> None:
     ap.add_argument("--fmt", default="mxfp8,mxfp4")
     ap.add_argument("--shape", action="append")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel)")
+    ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel; 4: the "
+                    "MXFP4 fold, not yet offered)")
     ap.add_argument("--splits", default="auto,1,2,4,8,16,32", help="K-split counts to force ('auto': the launcher's)")
     ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()

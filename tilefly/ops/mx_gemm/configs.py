@@ -3,8 +3,9 @@
 An ``MXConfig`` is one build of an MX kernel: ``kernel`` 1 (``kernels.mx_gemm_kernel``, a ring
 slot is one K-block of 32), 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK_K = 128 K
 elements, async wgmma with the block-scale promotion overlapped; ``scale_slots`` > 0 stages the
-program's scale words in shared memory first) or 3 (``kernels_v3``, the same slots upcast to BF16 in
-the CTA), ``block_m`` rows of the big side (the wgmma M slot), ``block_n`` of the small side (wgmma N,
+program's scale words in shared memory first), 3 (``kernels_v3``, the same slots upcast to BF16 in
+the CTA) or 4 (``kernels_v4``, MXFP4 only: the scales folded into the unpacked FP8 operands; built and
+compiled, not yet offered), ``block_m`` rows of the big side (the wgmma M slot), ``block_n`` of the small side (wgmma N,
 8..64), ``stages`` ring slots, ``num_warps``, and the most K-splits the launcher may use (it splits K
 until every SM runs ``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses the build the eager
 path runs (rows >= cols after the launcher's swap): the staged v2 build at <= 64 columns, v2 above;
@@ -95,7 +96,7 @@ class MXConfig:
         if self.kernel == 3:    # bf16_sets sets of four BF16 K-block buffers (kernels_v3.py)
             return (self.stages * self.item_bytes(fmt) + V3_BF16_BYTES * self.bf16_sets * (self.block_m + self.block_n)
                     + SMEM_RESERVE)
-        buffers = 1 if self.kernel == 1 else 2
+        buffers = 2 if self.kernel == 2 else 1     # v2 unpacks the next slot while one multiplies
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
         staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
         return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
@@ -106,8 +107,10 @@ class MXConfig:
 
 
 def static_reason(cfg: MXConfig, fmt: str) -> str | None:
-    if cfg.kernel not in (1, 2, 3):
-        return "kernel must be 1, 2 or 3"
+    if cfg.kernel not in (1, 2, 3, 4):
+        return "kernel must be 1, 2, 3 or 4"
+    if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
+        return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -122,8 +125,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "at least 2 stages"
     if cfg.kernel == 3 and cfg.bf16_sets not in (1, 2):
         return "bf16_sets must be 1 or 2"
-    if cfg.scale_slots and (cfg.kernel != 2 or cfg.scale_slots not in STAGED_SLOTS):
-        return f"scale_slots must be 0, or one of {STAGED_SLOTS} with kernel 2"
+    if cfg.scale_slots and (cfg.kernel not in (2, 4) or cfg.scale_slots not in STAGED_SLOTS):
+        return f"scale_slots must be 0, or one of {STAGED_SLOTS} with kernel 2 or 4"
     if cfg.smem_bytes(fmt) > SMEM_LIMIT:
         return f"needs {cfg.smem_bytes(fmt)} bytes of shared memory"
     if not 1 <= cfg.max_splits <= 32:
@@ -134,7 +137,7 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
 def resident(cfg: MXConfig, fmt: str) -> int:
     """Programs of ``cfg`` one SM runs at once, as shared memory and registers allow."""
     regs = REGS_PER_THREAD
-    if cfg.kernel == 2:
+    if cfg.kernel in (2, 4):
         regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_STAGED_REGS if cfg.scale_slots else V2_REGS_PER_THREAD
     elif cfg.kernel == 3:
         regs = V3_REGS_PER_THREAD
@@ -175,6 +178,16 @@ def v2_staged_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
         return []
     out = [replace(c, scale_slots=V2_STAGED_SLOTS, stages=min(c.stages, V2_STAGED_STAGES))
            for c in v2_configs(rows, cols, k, fmt)]
+    return [c for c in out if static_reason(c, fmt) is None]
+
+
+def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """v4 builds (kernels_v4: MXFP4 scales folded into the unpacked operands) at <= 64 columns: the
+    staged v2 builds' tiles with one unpacked buffer. Not yet offered or picked: the decode probe
+    races them (``scripts/mx_decode_probe.py --v4``) until an H200 run has checked and timed them."""
+    if fmt != "mxfp4" or cols > 64:
+        return []
+    out = [replace(c, kernel=4) for c in v2_staged_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
 
 
@@ -259,12 +272,12 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
            "iters_per_split" if cfg.kernel == 1 else "slots_per_split": "i32"}
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fmt == "mxfp4", X_SWIZZLED=x_swizzled,
                       Y_SWIZZLED=y_swizzled)
-    if cfg.kernel in (2, 3):
+    if cfg.kernel in (2, 3, 4):
         constexprs.update(X_WORDS=words, Y_WORDS=words)
     if cfg.kernel == 3:
         constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
-    if cfg.kernel == 2:
+    if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
     constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
@@ -281,6 +294,10 @@ def kernel_of(cfg: MXConfig):
         from tilefly.ops.mx_gemm import kernels_v3
 
         return kernels_v3.mx_gemm_v3_kernel
+    if cfg.kernel == 4:
+        from tilefly.ops.mx_gemm import kernels_v4
+
+        return kernels_v4.mx_gemm_v4_kernel
     from tilefly.ops.mx_gemm import kernels
 
     return kernels.mx_gemm_kernel
@@ -322,6 +339,9 @@ def compile_specs():
         cfg2s = v2_staged_configs(4096, 16, 4096, fmt)[0]
         variants.append((fmt, cfg2s, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg2s, False, True, 2, "bf16", True, False))
+        for cfg4 in v4_configs(4096, 32, 4096, fmt):   # compiled, not yet shipped
+            variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
+            variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
@@ -421,6 +441,8 @@ V2_ASYNC_WAIT = "WARPGROUP.DEPBAR.LE gsb0, 0x1"
 
 
 def sass_markers(cfg: MXConfig) -> tuple[str, ...]:
+    if cfg.kernel == 4:   # FP8 wgmma; its block-by-block fallback keeps v2's overlap
+        return ("QGMMA", V2_ASYNC_WAIT)
     if cfg.kernel == 3:   # BF16 wgmma fed by the exact E4M3 -> F16 conversion
         return ("HGMMA.64x", "F2FP.F16.E4M3.UNPACK_B")
     return ("QGMMA",) if cfg.kernel == 1 else ("QGMMA", V2_ASYNC_WAIT)

@@ -128,13 +128,13 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
             rows, cols, p.k, *_scale_strides(sx, swz_x), *_scale_strides(sy, swz_y),
             c.stride(0), c.stride(1), 0 if bias is None else bias.stride(0), per_split]
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FP4=fp4, X_SWIZZLED=swz_x, Y_SWIZZLED=swz_y)
-    if cfg.kernel in (2, 3):
+    if cfg.kernel in (2, 3, 4):
         constexprs.update(X_WORDS=_scale_words(sx, swz_x, k_blocks), Y_WORDS=_scale_words(sy, swz_y, k_blocks))
     if cfg.kernel == 3:
         constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
                       STAGES=cfg.stages)
-    if cfg.kernel == 2:
+    if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
     constexprs.update(num_warps=cfg.num_warps)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None

@@ -1,0 +1,257 @@
+"""MX GEMM kernel v4 for Hopper in Gluon, MXFP4 only: the block scales folded into the FP8 operands
+while the FP4 nibbles are unpacked, so a slot's four K-blocks chain on one wgmma accumulator and the
+FP32 scaling runs once a slot instead of once a K-block.
+
+Same problem and contract as v1-v3 (kernels.py explains the math): C = X @ Y^T, X [ROWS, K] and
+Y [COLS, K] packed E2M1 nibble pairs, K-major, one E8M0 scale per row per 32 K.
+
+Why: on decode shapes v2's staged MXFP4 build is bound by instructions, not bytes (0.5-0.9 TB/s of
+weights, BENCHMARKS.md session 23): per 128-K slot a thread unpacks its nibbles and then scales four
+FP32 partials, two FP32 ops per accumulator element per K-block. Here the scale goes into the operand:
+an E2M1 value times 2^d is an E4M3 normal for every d in [-5, 0] (0.5 * 2^-5 = 2^-6, E4M3's smallest
+normal), so if every K-block scale of a row in a slot lies within 2^5 of that row's largest scale in
+the slot (e_max), unpacking through a table whose exponent fields are lowered by e_max - e gives
+x * 2^(e - e_max) exactly, and the slot's partial needs one scaling by 2^(ex_max + ey_max - 254).
+
+Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup; BLOCK_M 64 or 128):
+
+    ring            v2's: STAGES slots of 128 K, X [BLOCK_M, 64] and Y [BLOCK_N, 64] packed bytes, one
+                    TMA box per operand behind one ``ready`` mbarrier (tilefly.gluon.tma_ring), all
+                    slots issued up front; slot s is refilled with s + STAGES after its wgmmas retire.
+    staged scales   v2's (scales.load_scale_words / stage_words): every scale word of the program's
+                    K-range (at most SCALE_SLOTS slots) in shared memory before the loop. The same
+                    registers give ``fold_bits``: bit s set when slot s folds, i.e. every row of both
+                    tiles spans at most 2^FOLD_SPAN over the slot's four K-blocks (NaN spans 128+).
+    unpack          one unpacked FP8 buffer per operand, [rows, 128] with the 128-byte NVMMA swizzle.
+                    A thread holds 16 packed bytes = one K-block of one row (v2's ``packed_layout``
+                    viewed as [rows, 4 blocks, 16]); folded slots look its nibbles up in the E4M3
+                    table of the eight E2M1 magnitudes with every nonzero entry's exponent field
+                    lowered by e_max - e (``folded_tables``: two integer ops per row and block, the
+                    PRMT program ``_UNPACK_TABLE_ASM`` then as v2's), other slots in v2's table.
+    MMA             folded slot: four async FP8 wgmmas (one a K-block) chained into one FP32 partial,
+                    retired, then ``add_slot`` (one FMA and one multiply an element: v2's plain decode
+                    of the slot's largest scale bytes when the program's scales are all moderate, else
+                    the exact paths of scales.py). Other slots: v2's block-by-block sequence (two
+                    partials, ``add_block``). Registers: the accumulator and two partials, as v2.
+    barriers        ``ready`` per ring slot; a CTA barrier before each slot's unpack (the previous
+                    slot's wgmmas, which read the unpacked buffers, retired in every warp) and after
+                    it (fence_async_shared, then every warp's stores are visible to the wgmmas).
+    epilogue        tilefly.gluon.epilogue.finish_splitk, as v2.
+    tails           TMA zero-fills rows past ROWS/COLS and K past the end; their staged scale bytes
+                    are 127, so they contribute zeros (a K-tail slot may then not fold: its unused
+                    blocks read 2^0 against the row's real scales).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from tilefly.gluon.epilogue import finish_splitk
+from tilefly.gluon.layouts import wgmma_layout
+from tilefly.gluon.scheduler import splitk_tile
+from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
+from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, add_block, block_operands,
+                                            unpack_fp4_slot)
+from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, MODERATE_EXP, SCALE_BLOCK, add_scaled, add_scaled_fast,
+                                        load_scale_words, stage_words, words_range)
+
+TABLE_LO = gl.constexpr(E4M3_OF_E2M1_LO)  # v2's E4M3 bytes of the E2M1 magnitudes, as constexprs
+TABLE_HI = gl.constexpr(E4M3_OF_E2M1_HI)
+FOLD_SPAN = gl.constexpr(5)              # largest e_max - e a folded K-block may have (module docstring)
+PACKED_BLOCK = gl.constexpr(16)          # packed bytes of one K-block
+_INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
+
+# kernels_v2._UNPACK_ASM with the two table registers as operands: $2 four packed bytes, $3 and $7 the
+# table's low and high words ($4-$6 and $8-$10: the same values for the other three bytes of the
+# pack, unused).
+_UNPACK_TABLE_ASM = gl.constexpr("""{
+.reg .b32 code, fold, sel, mag, sgn;
+and.b32 code, $2, 0x07070707;
+shr.u32 fold, code, 4;
+or.b32 fold, fold, code;
+prmt.b32 sel, fold, fold, 0x0020;
+prmt.b32 mag, $3, $7, sel;
+shl.b32 sgn, $2, 4;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $0, mag, sgn;
+shr.u32 code, $2, 4;
+and.b32 code, code, 0x07070707;
+shr.u32 fold, code, 4;
+or.b32 fold, fold, code;
+prmt.b32 sel, fold, fold, 0x0020;
+prmt.b32 mag, $3, $7, sel;
+and.b32 sgn, $2, 0x80808080;
+or.b32 $1, mag, sgn;
+}""")
+
+
+@gluon.constexpr_function
+def block_layout3(num_warps):
+    """v2's packed_layout viewed as [rows, 4 K-blocks, 16 bytes]: a thread's 16 bytes are one block."""
+    return gl.BlockedLayout([1, 1, 16], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def max_byte(word):
+    """The largest of the four bytes of int32 scale words."""
+    top = word & 255
+    for j in gl.static_range(1, BLOCKS_PER_SLOT):
+        top = gl.maximum(top, (word >> (8 * j)) & 255)
+    return top
+
+
+@gluon.jit
+def word_span(words):
+    """Per word: largest minus smallest of its four bytes."""
+    low = words & 255
+    for j in gl.static_range(1, BLOCKS_PER_SLOT):
+        low = gl.minimum(low, (words >> (8 * j)) & 255)
+    return max_byte(words) - low
+
+
+@gluon.jit
+def slot_fold_bits(staged_x, staged_y, SLOTS: gl.constexpr):
+    """int32 with bit s set when slot s folds: every row of both tiles spans at most 2^FOLD_SPAN
+    over the slot's four K-blocks (``staged_*``: [rows, SLOTS] words in one layout)."""
+    span = gl.maximum(gl.max(word_span(staged_x), axis=0), gl.max(word_span(staged_y), axis=0))
+    slot = gl.arange(0, SLOTS, layout=span.type.layout)
+    return gl.sum(gl.where(span <= FOLD_SPAN, 1 << slot, 0), axis=0)
+
+
+@gluon.jit
+def folded_tables(words, num_warps: gl.constexpr):
+    """Per row (``words``: the slot's scale words, int32 [rows] in the rows slice of block_layout3)
+    and K-block j: the two table words of the E4M3 bytes of the E2M1 magnitudes times
+    2^(e_j - e_max), [rows, 4] each. Every nonzero entry has its exponent field lowered by
+    e_max - e_j (<= FOLD_SPAN in a folded slot, so no field drops below 1); the zero entry (byte 0
+    of the low word) stays zero."""
+    layout: gl.constexpr = gl.SliceLayout(2, block_layout3(num_warps))
+    j = gl.arange(0, BLOCKS_PER_SLOT, layout=gl.SliceLayout(0, layout))
+    shift = (max_byte(words)[:, None] - ((words[:, None] >> (8 * j[None, :])) & 255)) * 8
+    return TABLE_LO - shift * 0x01010100, TABLE_HI - shift * 0x01010101
+
+
+@gluon.jit
+def unpack_fp4_folded(packed, unpacked, words, ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """Packed E2M1 slot [ROWS, 64] -> FP8 E4M3 [ROWS, 128] with each K-block of row r scaled by
+    2^(e - e_max(r)) (``words``: the slot's scale words of the rows)."""
+    layout3: gl.constexpr = block_layout3(num_warps)
+    bytes_ = gl.convert_layout(gl.reshape(packed.load(gl.BlockedLayout([1, 16], [8, 4], [num_warps, 1], [1, 0])),
+                                          [ROWS, BLOCKS_PER_SLOT, PACKED_BLOCK]), layout3)
+    lo_table, hi_table = folded_tables(words, num_warps)
+    lo_table, _ = gl.broadcast(lo_table[:, :, None], bytes_)
+    hi_table, _ = gl.broadcast(hi_table[:, :, None], bytes_)
+    lo, hi = gl.inline_asm_elementwise(_UNPACK_TABLE_ASM, "=r,=r,r,r,r,r,r,r,r,r,r", [bytes_, lo_table, hi_table],
+                                       dtype=(gl.uint8, gl.uint8), is_pure=True, pack=4)
+    values = gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (block, byte, low/high nibble) = K order
+    unpacked.store(values.to(gl.float8e4nv, bitcast=True))
+
+
+@gluon.jit
+def add_slot(acc, partial, wx, wy, moderate, plain):
+    """acc + a folded slot's partial times 2^(ex_max - 127) * 2^(ey_max - 127) per row and column."""
+    ex = max_byte(wx)
+    ey = max_byte(wy)
+    if plain:
+        fx = (ex << 23).to(gl.float32, bitcast=True)
+        fy = (ey << 23).to(gl.float32, bitcast=True)
+        acc = gl.fma(partial * fx[:, None], fy[None, :], acc)
+    elif moderate:
+        acc = add_scaled_fast(acc, partial, ex, ey)
+    else:
+        acc = add_scaled(acc, partial, ex, ey)
+    return acc
+
+
+@gluon.jit(do_not_specialize=_INTS, do_not_specialize_on_alignment=["bias_ptr"])
+def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
+                      M, N, K, stride_sxr, stride_sxc, stride_syr, stride_syc, stride_cm, stride_cn, stride_bias,
+                      slots_per_split,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
+                      X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
+                      Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
+                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(FP4, "v4 folds scales into unpacked FP4 operands: MXFP4 only")
+    gl.static_assert(num_warps == 4, "one warpgroup")
+    acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
+    SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 64 packed bytes
+    tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
+    k_blocks = K // SCALE_BLOCK
+    slot_first = split * slots_per_split
+    k_slots = gl.minimum(slots_per_split, gl.cdiv(K, BLOCK_K) - slot_first)
+    kb_first = slot_first * BLOCKS_PER_SLOT
+    # Issued before the ring, so these loads are not queued behind its operand bytes.
+    staged_x = load_scale_words(sx_ptr, off_m, M, kb_first, k_slots, k_blocks, stride_sxr, stride_sxc,
+                                X_SWIZZLED, X_WORDS, BLOCK_M, SCALE_SLOTS, num_warps)
+    staged_y = load_scale_words(sy_ptr, off_n, N, kb_first, k_slots, k_blocks, stride_syr, stride_syc,
+                                Y_SWIZZLED, Y_WORDS, BLOCK_N, SCALE_SLOTS, num_warps)
+
+    x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
+    x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, BLOCK_K],
+                                      gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
+    y_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_N, BLOCK_K],
+                                      gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
+    for i in gl.static_range(STAGES):
+        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
+                   True, True, STAGES, pred=i < k_slots)
+
+    worst_x, nan_x = words_range(staged_x)
+    worst_y, nan_y = words_range(staged_y)
+    moderate = worst_x <= MODERATE_EXP
+    plain = moderate & (worst_y <= MODERATE_EXP) & (not nan_x) & (not nan_y)
+    fold_bits = slot_fold_bits(staged_x, staged_y, SCALE_SLOTS)
+    words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
+    words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
+    gl.thread_barrier()
+
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    even = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    odd = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    for s in range(k_slots):
+        slot = s % STAGES
+        kb0 = (slot_first + s) * BLOCKS_PER_SLOT
+        wait_ready(bars, s, STAGES)
+        wx = words_x.index(s).load(gl.SliceLayout(1, acc_layout))
+        wy = words_y.index(s).load(gl.SliceLayout(0, acc_layout))
+        # The previous slot's wgmmas (readers of the unpacked buffers) retired in every warp.
+        gl.thread_barrier()
+        if ((fold_bits >> s) & 1) != 0:
+            rows_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps)))
+            unpack_fp4_folded(x_bufs.index(slot), x_fp8, words_x.index(s).load(rows_layout), BLOCK_M, num_warps)
+            unpack_fp4_folded(y_bufs.index(slot), y_fp8, words_y.index(s).load(rows_layout), BLOCK_N, num_warps)
+            fence_async_shared()
+            gl.thread_barrier()
+            for j in gl.static_range(BLOCKS_PER_SLOT):
+                x_op, y_op = block_operands(x_fp8, y_fp8, j)
+                even = warpgroup_mma(x_op, y_op, even, use_acc=j > 0, is_async=True)
+            even = warpgroup_mma_wait(num_outstanding=0, deps=(even,))
+            acc = add_slot(acc, even, wx, wy, moderate, plain)
+        else:
+            unpack_fp4_slot(x_bufs.index(slot), x_fp8, BLOCK_M, num_warps)
+            unpack_fp4_slot(y_bufs.index(slot), y_fp8, BLOCK_N, num_warps)
+            fence_async_shared()
+            gl.thread_barrier()
+            x_op, y_op = block_operands(x_fp8, y_fp8, 0)
+            even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+            x_op, y_op = block_operands(x_fp8, y_fp8, 1)
+            odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+            even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+            acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain)
+            x_op, y_op = block_operands(x_fp8, y_fp8, 2)
+            even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+            odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
+            acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain)
+            x_op, y_op = block_operands(x_fp8, y_fp8, 3)
+            odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+            even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+            acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain)
+            odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+            acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain)
+        # Both paths retired every wgmma and read the ring slot during the unpack: refill it.
+        ahead = s + STAGES
+        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
+                   True, True, STAGES, pred=ahead < k_slots)
+
+    finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
+                  stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)
