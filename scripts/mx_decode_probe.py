@@ -105,7 +105,7 @@ def main() -> None:
             base, more = variants(rows, cols, k, fmt, tuple(int(v) for v in args.kernels.split(",")))
             best = None
             for cfg in base + more:
-                least = -(-k // (cfg.block_k * cfg.scale_slots)) if cfg.scale_slots else 1
+                least = cfg.min_splits(k)
                 for splits in [None if v == "auto" else int(v) for v in args.splits.split(",")]:
                     if splits is not None and splits < least:
                         continue    # the launcher raises it to ``least``: a staged program holds scale_slots slots

@@ -62,6 +62,28 @@ def raw_data(fmt, rows, k, g):
     return mx.quantize(values, "mxfp4")[0]
 
 
+def with_scales(fmt, swizzled, a, b_nk, bits_a, bits_b):
+    """Data ``a`` [m, K] and ``b_nk`` [n, K] with the given scale bytes (uint8 or int32 [rows, K/32]) in
+    the layout ``swizzled`` names: (b column-major, scale_a, scale_b, float64 reference)."""
+    sa = bits_a.to(torch.uint8).view(torch.float8_e8m0fnu)
+    sb = bits_b.to(torch.uint8).view(torch.float8_e8m0fnu)
+    if swizzled:
+        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
+    b = b_nk.t()
+    return b, sa, sb, reference(a, b, sa, sb, fmt, swizzled)
+
+
+def assert_compiles_without_spills(name):
+    """The compile spec ``name`` (configs.compile_specs) builds for sm_90a with its SASS markers, no
+    spills and at most 255 registers."""
+    from tilefly.compile_check import compile_one
+    from tilefly.ops.mx_gemm import configs
+
+    result = compile_one({s.name: s for s in configs.compile_specs()}[name])
+    assert result.ok, result.error
+    assert result.local == 0 and result.stack == 0 and result.registers <= 255
+
+
 def extreme_scale_case(fmt, swizzled, a, b_nk, bits_a, bits_b):
     """Given data and scale bytes whose products are all representable, put one NaN scale byte in B
     (column 3) and, when A has more than one row, one in A (row m // 2); returns (b, sa, sb, ref,
@@ -71,11 +93,7 @@ def extreme_scale_case(fmt, swizzled, a, b_nk, bits_a, bits_b):
     nan_row = m // 2 if m > 1 else None
     if nan_row is not None:
         bits_a[nan_row, 9] = 255
-    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
-    if swizzled:
-        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
-    b = b_nk.t()
-    ref = reference(a, b, sa, sb, fmt, swizzled)
+    b, sa, sb, ref = with_scales(fmt, swizzled, a, b_nk, bits_a, bits_b)
     expect_nan = torch.zeros(m, n, dtype=torch.bool, device="cuda")
     expect_nan[:, 3] = True
     if nan_row is not None:

@@ -10,8 +10,8 @@ import torch
 from tilefly import _device, mx
 from tilefly.ops.mx_gemm import configs, eligibility
 
-from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operands, poison_swizzle_padding,
-                      raw_data, reference, run_config)
+from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, close, extreme_scale_case, operands,
+                      poison_swizzle_padding, raw_data, reference, run_config, with_scales)
 
 
 def _v2(m, n, k, fmt):
@@ -155,6 +155,7 @@ def test_staged_scales_validate_and_count_in_shared_memory():
     assert cfg.name == "mx2_128x32_s4_w4_k16_ss16"
     assert cfg.smem_bytes("mxfp8") == replace(cfg, scale_slots=0).smem_bytes("mxfp8") + 16 * 160 * 4
     assert configs.static_reason(cfg, "mxfp8") is None
+    assert cfg.min_splits(14336) == 7 and cfg.min_splits(2048) == 1 and replace(cfg, scale_slots=0).min_splits(14336) == 1
     assert configs.static_reason(replace(cfg, scale_slots=12), "mxfp8").startswith("scale_slots")
     assert configs.static_reason(configs.MXConfig(64, 64, 2, 4, kernel=3, scale_slots=16), "mxfp8")
 
@@ -179,12 +180,7 @@ COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words
 @pytest.mark.parametrize("name", COMPILED)
 def test_v2_compiles_with_async_wgmma_and_no_spills(name):
     pytest.importorskip("triton")
-    from tilefly.compile_check import compile_one
-
-    spec = {s.name: s for s in configs.compile_specs()}[name]
-    result = compile_one(spec)
-    assert result.ok, result.error
-    assert result.local == 0 and result.stack == 0 and result.registers <= 255
+    assert_compiles_without_spills(name)
 
 
 # ---- on the H200 ----------------------------------------------------------------------------------
@@ -304,11 +300,7 @@ def test_staged_scales_with_only_the_token_side_extreme(fmt, swizzled):
     choices = torch.tensor([0, 1, 60, 127, 200, 227], device="cuda", dtype=torch.uint8)
     bits_a = choices[torch.randint(0, len(choices), (m, k // 32), device="cuda", generator=g)]
     bits_b = torch.randint(112, 143, (n, k // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-    sa, sb = bits_a.view(torch.float8_e8m0fnu), bits_b.view(torch.float8_e8m0fnu)
-    if swizzled:
-        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
-    b = b_nk.t()
-    ref = reference(a, b, sa, sb, fmt, swizzled)
+    b, sa, sb, ref = with_scales(fmt, swizzled, a, b_nk, bits_a, bits_b)
     assert torch.isfinite(ref).all() and 2.0 ** 90 < ref.abs().max() < 2.0 ** 126     # FP32 output holds it
     row_max = ref.abs().amax(dim=1, keepdim=True)      # token rows differ by up to 2^227: compare each to its own
     for cfg in [c for c in _v2(m, n, k, fmt) if c.scale_slots]:

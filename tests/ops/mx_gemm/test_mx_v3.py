@@ -9,8 +9,8 @@ import torch
 from tilefly import mx
 from tilefly.ops.mx_gemm import configs
 
-from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operands, poison_swizzle_padding,
-                      raw_data, reference, run_config)
+from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, close, extreme_scale_case, operands,
+                      poison_swizzle_padding, raw_data, reference, run_config)
 
 
 def _v3(m, n, k, fmt):
@@ -60,12 +60,7 @@ def test_compile_specs_cover_every_shipped_v3_config():
 @pytest.mark.parametrize("name", V3_SPECS)
 def test_v3_compiles_with_bf16_wgmma_and_no_spills(name):
     pytest.importorskip("triton")
-    from tilefly.compile_check import compile_one
-
-    spec = {s.name: s for s in configs.compile_specs()}[name]
-    result = compile_one(spec)
-    assert result.ok, result.error
-    assert result.local == 0 and result.stack == 0 and result.registers <= 255
+    assert_compiles_without_spills(name)
 
 
 # ---- on the H200 ----------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import torch
 from tilefly import mx
 from tilefly.ops.mx_gemm import configs
 
-from mx_cases import (check_extreme_scale_run, close, extreme_scale_case, operands, poison_swizzle_padding,
-                      raw_data, reference, run_config)
+from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, close, extreme_scale_case, operands,
+                      poison_swizzle_padding, raw_data, reference, run_config, with_scales)
 
 
 def _v4(m, n, k):
@@ -53,12 +53,7 @@ def test_compile_specs_cover_every_v4_build():
 @pytest.mark.parametrize("name", V4_SPECS)
 def test_v4_compiles_with_fp8_wgmma_and_no_spills(name):
     pytest.importorskip("triton")
-    from tilefly.compile_check import compile_one
-
-    spec = {s.name: s for s in configs.compile_specs()}[name]
-    result = compile_one(spec)
-    assert result.ok, result.error
-    assert result.local == 0 and result.stack == 0 and result.registers <= 255
+    assert_compiles_without_spills(name)
 
 
 # ---- the folded tables, transcribed ------------------------------------------------------------------
@@ -114,11 +109,7 @@ def test_v4_slots_that_fold_and_slots_that_do_not(swizzled, spread):
     a, b_nk = raw_data("mxfp4", m, k, g), raw_data("mxfp4", n, k, g)
     bits_a = torch.randint(120, 121 + spread, (m, k // 32), device="cuda", generator=g, dtype=torch.int32)
     bits_b = torch.randint(125, 126 + spread, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
-    sa, sb = bits_a.to(torch.uint8).view(torch.float8_e8m0fnu), bits_b.to(torch.uint8).view(torch.float8_e8m0fnu)
-    if swizzled:
-        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
-    b = b_nk.t()
-    ref = reference(a, b, sa, sb, "mxfp4", swizzled)
+    b, sa, sb, ref = with_scales("mxfp4", swizzled, a, b_nk, bits_a, bits_b)
     for cfg in _v4(m, n, k):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
         close(run_config(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -13)
@@ -183,12 +174,8 @@ def test_v4_folded_slots_with_extreme_slot_maxima(swizzled):
     slot_a = torch.randint(5, 10, (m, k // 128, 1), device="cuda", generator=g, dtype=torch.int32)
     bits_a = (slot_a + torch.randint(0, 3, (m, k // 128, 4), device="cuda", generator=g, dtype=torch.int32))
     bits_b = 254 - bits_a[:1].expand(n, -1, -1) - 2
-    sa = bits_a.reshape(m, k // 32).to(torch.uint8).view(torch.float8_e8m0fnu)
-    sb = bits_b.reshape(n, k // 32).to(torch.uint8).view(torch.float8_e8m0fnu)
-    if swizzled:
-        sa, sb = mx.to_blocked(sa), mx.to_blocked(sb)
-    b = b_nk.t()
-    ref = reference(a, b, sa, sb, "mxfp4", swizzled)
+    b, sa, sb, ref = with_scales("mxfp4", swizzled, a, b_nk, bits_a.reshape(m, k // 32),
+                                 bits_b.reshape(n, k // 32))
     assert torch.isfinite(ref).all() and ref.abs().max() > 0
     for cfg in _v4(m, n, k):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)

@@ -101,6 +101,13 @@ class MXConfig:
         staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
         return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
 
+    def min_splits(self, k: int) -> int:
+        """The fewest K-splits this build runs K in: staged builds hold at most scale_slots slots of
+        scales a program (kernels_v2, "staged scales")."""
+        if not self.scale_slots:
+            return 1
+        return -(-(-(-k // self.block_k)) // self.scale_slots)
+
     def acc_values(self) -> int:
         """FP32 accumulator values a thread holds."""
         return self.block_m * self.block_n // (32 * self.num_warps)

@@ -50,7 +50,7 @@ from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.gluon.wgmma import prefetch
-from tilefly.ops.mx_gemm.scales import SCALE_BLOCK, add_scaled, add_scaled_fast, scale_bytes, scales_moderate
+from tilefly.ops.mx_gemm.scales import SCALE_BLOCK, add_scaled_any, scale_bytes, scales_moderate
 
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "iters_per_split"]
 
@@ -130,10 +130,7 @@ def mx_gemm_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, tick
         ahead = k + STAGES - 1
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (k_first + ahead) * ITEM_K,
                    True, True, STAGES, pred=ahead < k_iters)
-        if moderate:
-            acc = add_scaled_fast(acc, partial, ex, ey)
-        else:
-            acc = add_scaled(acc, partial, ex, ey)
+        acc = add_scaled_any(acc, partial, ex, ey, moderate)
 
     finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
                   stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)

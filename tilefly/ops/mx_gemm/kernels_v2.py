@@ -81,9 +81,9 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, MODERATE_EXP, SCALE_BLOCK, add_scaled, add_scaled_fast,
-                                        exponent_scale, load_scale_words, scales_moderate, slot_scale_words,
-                                        stage_words, word_byte, words_range)
+from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, exponent_scale,
+                                        load_program_scales, program_scale_paths, scales_moderate, slot_scale_words,
+                                        stage_words, word_byte)
 
 BLOCK_K = gl.constexpr(128)              # K elements a ring slot holds: BLOCKS_PER_SLOT scale blocks
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
@@ -156,13 +156,38 @@ def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, pla
     if plain:
         acc = gl.fma(partial * exponent_scale(wx, j)[:, None], exponent_scale(wy, j)[None, :], acc)
     else:
-        ex = word_byte(wx, j, kb, k_blocks)
-        ey = word_byte(wy, j, kb, k_blocks)
-        if moderate:
-            acc = add_scaled_fast(acc, partial, ex, ey)
-        else:
-            acc = add_scaled(acc, partial, ex, ey)
+        acc = add_scaled_any(acc, partial, word_byte(wx, j, kb, k_blocks), word_byte(wy, j, kb, k_blocks), moderate)
     return acc
+
+
+@gluon.jit
+def slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain):
+    """A slot's first three K-blocks: one async FP8 wgmma each into a fresh partial (even, odd,
+    even), block j + 1 issued before block j is scaled into ``acc``. Block 3's wgmma is left in
+    flight: ``slot_block_3`` retires and scales it (MXFP4 unpacks the next slot in between)."""
+    x_op, y_op = block_operands(x_tiles, y_tiles, 0)
+    even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+    x_op, y_op = block_operands(x_tiles, y_tiles, 1)
+    odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+    even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain)
+    x_op, y_op = block_operands(x_tiles, y_tiles, 2)
+    even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+    odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
+    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain)
+    x_op, y_op = block_operands(x_tiles, y_tiles, 3)
+    odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+    even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain)
+    return acc, even, odd
+
+
+@gluon.jit
+def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain):
+    """Retire the slot's last wgmma (the slot drains: see the loop) and scale block 3 into ``acc``."""
+    odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+    acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain)
+    return acc, odd
 
 
 @gluon.jit(do_not_specialize=_INTS, do_not_specialize_on_alignment=["bias_ptr"])
@@ -184,10 +209,10 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     kb_first = slot_first * BLOCKS_PER_SLOT
     if STAGED:
         # Issued before the ring, so these loads are not queued behind its operand bytes.
-        staged_x = load_scale_words(sx_ptr, off_m, M, kb_first, k_slots, k_blocks, stride_sxr, stride_sxc,
-                                    X_SWIZZLED, X_WORDS, BLOCK_M, SCALE_SLOTS, num_warps)
-        staged_y = load_scale_words(sy_ptr, off_n, N, kb_first, k_slots, k_blocks, stride_syr, stride_syc,
-                                    Y_SWIZZLED, Y_WORDS, BLOCK_N, SCALE_SLOTS, num_warps)
+        staged_x, staged_y = load_program_scales(sx_ptr, sy_ptr, off_m, off_n, M, N, kb_first, k_slots, k_blocks,
+                                                 stride_sxr, stride_sxc, stride_syr, stride_syc, X_SWIZZLED,
+                                                 Y_SWIZZLED, X_WORDS, Y_WORDS, BLOCK_M, BLOCK_N, SCALE_SLOTS,
+                                                 num_warps)
 
     x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     if FP4:
@@ -202,10 +227,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
     if STAGED:
-        worst_x, nan_x = words_range(staged_x)
-        worst_y, nan_y = words_range(staged_y)
-        moderate = worst_x <= MODERATE_EXP
-        plain = moderate & (worst_y <= MODERATE_EXP) & (not nan_x) & (not nan_y)
+        moderate, plain = program_scale_paths(staged_x, staged_y)
         words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
         words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
         gl.thread_barrier()
@@ -255,20 +277,8 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         # ptxas serializes every wgmma (C7514) if one is still in flight at the loop's back edge
         # while its registers are read later, so each slot drains: blocks 0-2 are scaled while
         # the next block runs, block 3 while (MXFP4) the next slot is unpacked.
-        x_op, y_op = block_operands(x_tiles, y_tiles, 0)
-        even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
-        x_op, y_op = block_operands(x_tiles, y_tiles, 1)
-        odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
-        even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-        acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain)
-        x_op, y_op = block_operands(x_tiles, y_tiles, 2)
-        even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
-        odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
-        acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain)
-        x_op, y_op = block_operands(x_tiles, y_tiles, 3)
-        odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
-        even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-        acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain)
+        acc, even, odd = slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
+                                            plain)
         if FP4:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
@@ -276,8 +286,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                 unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
                 unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
                 fence_async_shared()
-        odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-        acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain)
+        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain)
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,

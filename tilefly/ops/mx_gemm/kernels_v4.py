@@ -51,10 +51,10 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, add_block, block_operands,
-                                            unpack_fp4_slot)
-from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, MODERATE_EXP, SCALE_BLOCK, add_scaled, add_scaled_fast,
-                                        load_scale_words, stage_words, words_range)
+from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, block_operands,
+                                            slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot)
+from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, load_program_scales,
+                                        program_scale_paths, stage_words)
 
 TABLE_LO = gl.constexpr(E4M3_OF_E2M1_LO)  # v2's E4M3 bytes of the E2M1 magnitudes, as constexprs
 TABLE_HI = gl.constexpr(E4M3_OF_E2M1_HI)
@@ -157,10 +157,8 @@ def add_slot(acc, partial, wx, wy, moderate, plain):
         fx = (ex << 23).to(gl.float32, bitcast=True)
         fy = (ey << 23).to(gl.float32, bitcast=True)
         acc = gl.fma(partial * fx[:, None], fy[None, :], acc)
-    elif moderate:
-        acc = add_scaled_fast(acc, partial, ex, ey)
     else:
-        acc = add_scaled(acc, partial, ex, ey)
+        acc = add_scaled_any(acc, partial, ex, ey, moderate)
     return acc
 
 
@@ -182,10 +180,9 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     k_slots = gl.minimum(slots_per_split, gl.cdiv(K, BLOCK_K) - slot_first)
     kb_first = slot_first * BLOCKS_PER_SLOT
     # Issued before the ring, so these loads are not queued behind its operand bytes.
-    staged_x = load_scale_words(sx_ptr, off_m, M, kb_first, k_slots, k_blocks, stride_sxr, stride_sxc,
-                                X_SWIZZLED, X_WORDS, BLOCK_M, SCALE_SLOTS, num_warps)
-    staged_y = load_scale_words(sy_ptr, off_n, N, kb_first, k_slots, k_blocks, stride_syr, stride_syc,
-                                Y_SWIZZLED, Y_WORDS, BLOCK_N, SCALE_SLOTS, num_warps)
+    staged_x, staged_y = load_program_scales(sx_ptr, sy_ptr, off_m, off_n, M, N, kb_first, k_slots, k_blocks,
+                                             stride_sxr, stride_sxc, stride_syr, stride_syc, X_SWIZZLED, Y_SWIZZLED,
+                                             X_WORDS, Y_WORDS, BLOCK_M, BLOCK_N, SCALE_SLOTS, num_warps)
 
     x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, BLOCK_K],
@@ -196,10 +193,7 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
                    True, True, STAGES, pred=i < k_slots)
 
-    worst_x, nan_x = words_range(staged_x)
-    worst_y, nan_y = words_range(staged_y)
-    moderate = worst_x <= MODERATE_EXP
-    plain = moderate & (worst_y <= MODERATE_EXP) & (not nan_x) & (not nan_y)
+    moderate, plain = program_scale_paths(staged_x, staged_y)
     fold_bits = slot_fold_bits(staged_x, staged_y, SCALE_SLOTS)
     words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
     words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
@@ -232,22 +226,9 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             unpack_fp4_slot(y_bufs.index(slot), y_fp8, BLOCK_N, num_warps)
             fence_async_shared()
             gl.thread_barrier()
-            x_op, y_op = block_operands(x_fp8, y_fp8, 0)
-            even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
-            x_op, y_op = block_operands(x_fp8, y_fp8, 1)
-            odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
-            even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-            acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain)
-            x_op, y_op = block_operands(x_fp8, y_fp8, 2)
-            even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
-            odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
-            acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain)
-            x_op, y_op = block_operands(x_fp8, y_fp8, 3)
-            odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
-            even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-            acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain)
-            odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-            acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain)
+            acc, even, odd = slot_blocks_0_to_2(x_fp8, y_fp8, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
+                                                plain)
+            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain)
         # Both paths retired every wgmma and read the ring slot during the unpack: refill it.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,

@@ -18,7 +18,7 @@ partials and per-tile tickets live in the dense GEMM's grow-only per-stream buff
 v2 configs (``cfg.kernel == 2``, kernels_v2) take 128-K-element boxes and split K in such slots;
 their scales are read as one 32-bit word per row and slot when the layout allows it
 (``_scale_words``), byte by byte otherwise. Staged builds (``cfg.scale_slots``) load every scale of a
-program's K-range before its loop, so K is split into at least cdiv(slots, scale_slots) parts.
+program's K-range before its loop, so K is split into at least ``cfg.min_splits`` parts.
 
 Cache: the first call for a (config, addresses, shapes, strides, dtypes) signature builds the
 descriptors and argument list (a dense-GEMM ``Launch``) and launches through Triton's JIT; later
@@ -117,8 +117,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     k_blocks = p.k // SCALE_BLOCK
     k_steps = _cdiv(p.k, cfg.block_k)            # ring slots along K (v1: the K-blocks)
     splits = choose_splits(cfg, tiles, k_steps, _device.sm_count(out) * configs.resident(cfg, p.fmt))
-    if cfg.scale_slots:                          # a program stages at most scale_slots slots of scales
-        splits = max(splits, _cdiv(k_steps, cfg.scale_slots))
+    splits = max(splits, cfg.min_splits(p.k))
     per_split = _cdiv(k_steps, splits)
     splits = _cdiv(k_steps, per_split)
 

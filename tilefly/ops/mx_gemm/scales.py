@@ -135,14 +135,26 @@ def add_scaled_fast(acc, partial, ex, ey):
     return gl.fma(partial * scale_value(ex)[:, None], scale_value(ey)[None, :], acc)
 
 
+@gluon.jit
+def add_scaled_any(acc, partial, ex, ey, moderate):
+    """``add_scaled_fast`` when the program's row scales are ``moderate``, else ``add_scaled``."""
+    if moderate:
+        acc = add_scaled_fast(acc, partial, ex, ey)
+    else:
+        acc = add_scaled(acc, partial, ex, ey)
+    return acc
+
+
 # ---- scale words: the 4 K-blocks of a 128-K slot in one int32 -------------------------------------
 
 @gluon.jit
 def slot_scale_words(s_ptr, idx, n_idx, kb0, k_blocks, stride_r, stride_c,
-                     SWIZZLED: gl.constexpr, WORDS: gl.constexpr):
-    """One int32 per entry of ``idx``: byte j holds the E8M0 byte of (idx, kb0 + j), j < 4;
-    127 for rows past ``n_idx`` and K-blocks past ``k_blocks``. ``kb0`` is a multiple of 4."""
-    valid = idx < n_idx
+                     SWIZZLED: gl.constexpr, WORDS: gl.constexpr, more_valid=True):
+    """One int32 per entry of ``idx`` (and ``kb0``, broadcast against it): byte j holds the E8M0 byte
+    of (idx, kb0 + j), j < 4; 127 (all four bytes) for rows past ``n_idx`` or where ``more_valid`` is
+    false, and, read byte by byte, for K-blocks past ``k_blocks`` (a word read keeps those bytes:
+    ``word_byte`` neutralizes them). ``kb0`` is a multiple of 4."""
+    valid = (idx < n_idx) & more_valid
     if WORDS:
         offs = scale_offsets(idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED)
         word_ptr = (s_ptr + offs).to(gl.pointer_type(gl.int32), bitcast=True)
@@ -183,20 +195,27 @@ def load_scale_words(s_ptr, off, n_idx, kb_first, k_slots, k_blocks, stride_r, s
     idx = (off + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout)))[:, None]
     slot = gl.arange(0, SLOTS, layout=gl.SliceLayout(0, layout))[None, :]
     kb0 = kb_first + slot * BLOCKS_PER_SLOT
-    valid = (idx < n_idx) & (slot < k_slots)
-    words = gl.zeros([BLOCK, SLOTS], gl.int32, layout)
-    if WORDS:
-        word_ptr = (s_ptr + scale_offsets(idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED)).to(
-            gl.pointer_type(gl.int32), bitcast=True)
-        loaded = gl.load(word_ptr, mask=valid, other=NEUTRAL_WORD)
+    loaded = slot_scale_words(s_ptr, idx, n_idx, kb0, k_blocks, stride_r, stride_c, SWIZZLED, WORDS, slot < k_slots)
+    if WORDS:   # bytes past K as 127 once here, so the loop's decode needs no K-tail check
+        words = gl.zeros([BLOCK, SLOTS], gl.int32, layout)
         for j in gl.static_range(BLOCKS_PER_SLOT):
             words = words | (word_byte(loaded, j, kb0 + j, k_blocks) << (8 * j))
     else:
-        for j in gl.static_range(BLOCKS_PER_SLOT):
-            offs = scale_offsets(idx, kb0 + j, k_blocks, stride_r, stride_c, SWIZZLED)
-            byte = gl.load(s_ptr + offs, mask=valid & (kb0 + j < k_blocks), other=127).to(gl.int32)
-            words = words | (byte << (8 * j))
+        words = loaded
     return words
+
+
+@gluon.jit
+def load_program_scales(sx_ptr, sy_ptr, off_m, off_n, M, N, kb_first, k_slots, k_blocks, stride_sxr, stride_sxc,
+                        stride_syr, stride_syc, X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr,
+                        X_WORDS: gl.constexpr, Y_WORDS: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, SLOTS: gl.constexpr, num_warps: gl.constexpr):
+    """``load_scale_words`` of both operands of a program's tile: (X words, Y words)."""
+    staged_x = load_scale_words(sx_ptr, off_m, M, kb_first, k_slots, k_blocks, stride_sxr, stride_sxc,
+                                X_SWIZZLED, X_WORDS, BLOCK_M, SLOTS, num_warps)
+    staged_y = load_scale_words(sy_ptr, off_n, N, kb_first, k_slots, k_blocks, stride_syr, stride_syc,
+                                Y_SWIZZLED, Y_WORDS, BLOCK_N, SLOTS, num_warps)
+    return staged_x, staged_y
 
 
 @gluon.jit
@@ -209,6 +228,17 @@ def words_range(words):
         worst = gl.maximum(worst, gl.where(byte == E8M0_NAN, 0, gl.abs(byte - 127)))
         nan = gl.maximum(nan, (byte == E8M0_NAN).to(gl.int32))
     return gl.max(gl.max(worst, axis=1), axis=0), gl.max(gl.max(nan, axis=1), axis=0) > 0
+
+
+@gluon.jit
+def program_scale_paths(staged_x, staged_y):
+    """(moderate, plain) of a program from its staged words: ``moderate`` when every X byte is NaN
+    or within 2^+-MODERATE_EXP (``add_scaled_fast`` is exact), ``plain`` when moreover every Y byte
+    is within it and no byte of either is NaN (``exponent_scale`` decodes them)."""
+    worst_x, nan_x = words_range(staged_x)
+    worst_y, nan_y = words_range(staged_y)
+    moderate = worst_x <= MODERATE_EXP
+    return moderate, moderate & (worst_y <= MODERATE_EXP) & (not nan_x) & (not nan_y)
 
 
 @gluon.jit
