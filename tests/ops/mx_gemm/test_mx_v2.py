@@ -46,17 +46,19 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
 
 
 @pytest.mark.parametrize("fmt, rows, cols, name", [
-    ("mxfp8", 4096, 32, "mx2_64x32"), ("mxfp4", 4096, 32, "mx2_64x32"), ("mxfp8", 4096, 8, "mx2_64x8"),
-    ("mxfp4", 4096, 8, "mx2_128x8"), ("mxfp8", 14336, 32, "mx2_128x32"), ("mxfp4", 14336, 32, "mx2_128x32"),
-    ("mxfp8", 4096, 64, "mx2_64x64"), ("mxfp4", 4096, 64, "mx2_64x64"), ("mxfp8", 4096, 33, "mx2_64x64"),
-    ("mxfp8", 8192, 8192, "mx2_64x64")])
+    ("mxfp8", 4096, 32, "mx2_64x32"), ("mxfp4", 4096, 32, "mx4_64x32"), ("mxfp8", 4096, 8, "mx2_64x8"),
+    ("mxfp4", 4096, 8, "mx2_128x8"), ("mxfp8", 14336, 32, "mx2_128x32"), ("mxfp4", 14336, 32, "mx4_128x32"),
+    ("mxfp8", 4096, 64, "mx2_64x64"), ("mxfp4", 4096, 64, "mx4_64x64"), ("mxfp8", 4096, 33, "mx2_64x64"),
+    ("mxfp4", 4096, 65, "mx2_64x64"), ("mxfp8", 8192, 8192, "mx2_64x64")])
 def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
     """The fastest config per shape class in the mxfp_gemm suite at 0370dbf and, for <= 64 tokens,
-    the decode probes at 0de94ef, 2ca6e96, 93538b4 and 51e6b28 and the suite at 66b0808 (BENCHMARKS.md):
-    v2 with staged scales at <= 64 tokens, never v3 (inexact beyond a 2^117 span)."""
+    the decode probes at 0de94ef, 2ca6e96, 93538b4, 51e6b28 and 93fa9af and the suite at 66b0808
+    (BENCHMARKS.md): staged scales at <= 64 tokens (v4's folded scales for MXFP4 above 8 tokens),
+    never v3 (inexact beyond a 2^117 span)."""
     picked = configs.pick(rows, cols, 4096, fmt)
     assert picked.name.startswith(name + "_")
-    assert picked.kernel == 2 and picked.scale_slots == (configs.V2_STAGED_SLOTS if cols <= 64 else 0)
+    assert picked.kernel == (4 if name.startswith("mx4_") else 2)
+    assert picked.scale_slots == (configs.V2_STAGED_SLOTS if cols <= 64 else 0)
 
 
 def test_v2_smem_counts_the_double_unpack_buffer():

@@ -22,13 +22,18 @@ def _v4(m, n, k):
 
 # ---- configs ----------------------------------------------------------------------------------
 
-def test_v4_is_built_for_mxfp4_decode_only_and_not_yet_offered():
+def test_v4_is_built_offered_and_picked_for_mxfp4_decode():
     built = configs.v4_configs(4096, 32, 4096, "mxfp4")
     assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16", "mx4_64x32_s4_w4_k16_ss16"]
     assert not configs.v4_configs(4096, 32, 4096, "mxfp8") and not configs.v4_configs(4096, 65, 4096, "mxfp4")
-    for cols in (1, 32, 64, 4096):
-        assert not [c for c in configs.offered(4096, cols, 4096, "mxfp4") if c.kernel == 4]
-        assert configs.pick(4096, cols, 4096, "mxfp4").kernel != 4
+    for cols in (1, 8, 9, 32, 64, 65, 4096):
+        offered = [c for c in configs.offered(4096, cols, 4096, "mxfp4") if c.kernel == 4]
+        assert offered == configs.v4_configs(4096, cols, 4096, "mxfp4") and bool(offered) == (cols <= 64)
+        picked = configs.pick(4096, cols, 4096, "mxfp4")
+        assert (picked.kernel == 4) == (configs.V4_MIN_COLS < cols <= 64)
+        if picked.kernel == 4:   # the staged v2 tile it replaces
+            assert replace(picked, kernel=2) in configs.v2_staged_configs(4096, cols, 4096, "mxfp4")
+    assert all(configs.pick(4096, cols, 4096, "mxfp8").kernel == 2 for cols in (1, 32, 64, 4096))
 
 
 def test_v4_validates_and_counts_one_unpacked_buffer():

@@ -370,7 +370,7 @@ def test_pdl_is_a_w_shift_switch_of_the_rows_kernel():
     pdl = [c for c in tried if c.pdl]
     assert pdl and all(c.w_shift and c.row_edges and c.kernel == "rows" for c in pdl)
     assert {replace(c, pdl=False) for c in pdl} <= set(tried)          # each next to its tile without it
-    assert all(c.persistent and not c.pdl for c in configs.new_candidates(16385, 2, SPLIT))  # pending: persistent
+    assert all(c.persistent and not c.pdl for c in configs.persistent_candidates(16385, 2, SPLIT))
     # TUNED has it where the H200 sweep had it win: 16-bit split rows of 8193 on, not FP32
     assert [configs.heuristic(N, 2, SPLIT).pdl for N in (4097, 8193, 16385)] == [False, True, True]
     assert not configs.heuristic(8193, 4, SPLIT).pdl and not configs.heuristic(16385, 4, SPLIT).pdl
@@ -402,7 +402,7 @@ def test_x16_segments_are_tried_on_long_16_bit_rows(N, layout):
     assert set(tried) <= set(configs.candidates(N, 2, layout))
     for N, size, layout in ((16384, 2, ALIGNED), (65536, 4, ALIGNED), (65537, 2, GENERIC)):
         assert configs._x16_segments(N, size, layout) == []
-    assert configs.new_candidates(N, 2, layout) == []
+    assert configs.persistent_candidates(N, 2, layout) == []
 
 
 def test_x16_constexprs_and_name():
@@ -435,21 +435,21 @@ def test_x16_halves_the_registers_of_16_bit_segments():
 
 # -- persistent rows tiles: the next tile's loads in flight while this one reduces and stores ------
 
-def test_persistent_rows_are_new_candidates_that_fit_shared_memory():
-    """sweep.py --new offers the heuristic's rows tile as a persistent grid, 1 or 2 programs an SM
-    where the pipeliner's buffers fit; the FP32 row of 16385 (3.3 TB/s, the target's shortfall)
-    gets it with and without w realigned."""
-    fp32 = configs.new_candidates(16385, 4, SPLIT)
+def test_persistent_rows_are_tried_candidates_that_fit_shared_memory():
+    """The full sweep keeps the heuristic's rows tile as a persistent grid (measured, lost), 1 or 2
+    programs an SM where the pipeliner's buffers fit; the FP32 row of 16385 gets it with and
+    without w realigned."""
+    fp32 = configs.persistent_candidates(16385, 4, SPLIT)
     assert {(c.w_realign, c.programs_per_sm) for c in fp32} == {(True, 1), (False, 1)}
     for N, size, layout in ((16385, 4, SPLIT), (16384, 4, ALIGNED), (16385, 2, SPLIT), (8193, 2, SPLIT)):
-        cands = configs.new_candidates(N, size, layout)
-        assert cands and cands[0].persistent
+        cands = configs.persistent_candidates(N, size, layout)
+        assert cands and cands[0].persistent and set(cands) <= set(configs.candidates(N, size, layout))
         for cfg in cands:
             assert cfg.kernel == "rows" and cfg.stages == 2 and not cfg.pdl
             assert configs.persistent_smem(cfg, size, layout) * cfg.programs_per_sm <= configs.SMEM_PER_BLOCK
             configs.validate(cfg, N, size, layout)
             assert "[persistent,stages=2," in str(cfg)
-    assert configs.new_candidates(127, 2, GENERIC) == [] and configs.new_candidates(114688, 2, ALIGNED) == []
+    assert configs.persistent_candidates(127, 2, GENERIC) == [] and configs.persistent_candidates(114688, 2, ALIGNED) == []
     for bad in (Config("chunked", 4096, persistent=True), replace(fp32[0], pdl=True, w_shift=True, w_realign=False)):
         with pytest.raises(ValueError, match="persistent|pdl"):
             configs.validate(bad, 16385, 4, SPLIT)
@@ -463,8 +463,8 @@ def test_persistent_rows_shared_memory_estimate_matches_the_compiler():
     for spec in configs.compile_specs():
         if "persistent" not in spec.name:
             continue
-        cfg = next(c for c in configs.new_candidates(16385, 4, SPLIT) + configs.new_candidates(16384, 4, ALIGNED)
-                   + configs.new_candidates(16385, 2, SPLIT) + configs.new_candidates(16384, 2, ALIGNED)
+        cfg = next(c for c in configs.persistent_candidates(16385, 4, SPLIT) + configs.persistent_candidates(16384, 4, ALIGNED)
+                   + configs.persistent_candidates(16385, 2, SPLIT) + configs.persistent_candidates(16384, 2, ALIGNED)
                    if str(c) in spec.name)
         size = 4 if "fp32" in spec.name else 2
         layout = SPLIT if ",split," in spec.name else ALIGNED
@@ -482,3 +482,47 @@ def test_persistent_grid_is_capped_at_the_programs():
     assert entry.grid(2048) == 264 and entry.grid(100) == 50
     entry.programs = 0
     assert entry.grid(2048) == 1024
+
+
+# -- same_phase: SPLIT rows V apart, sharing one w tile -----------------------------------------
+
+def test_same_phase_rows_are_the_new_candidates():
+    """sweep.py --new offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
+    without pdl) or realigned, 16-64 values a thread; nothing for other layouts or short rows."""
+    for N, size in ((16385, 4), (16385, 2), (8193, 2), (4097, 4)):
+        cands = configs.new_candidates(N, size, SPLIT)
+        assert cands and len(cands) == len(set(cands)) and set(cands) <= set(configs.candidates(N, size, SPLIT))
+        for cfg in cands:
+            configs.validate(cfg, N, size, SPLIT)
+            assert cfg.kernel == "rows" and cfg.same_phase and cfg.rows in (2, 4) and cfg.row_edges
+            assert cfg.block * cfg.rows // (32 * cfg.num_warps) in (16, 32, 64) and "[same-phase]" in str(cfg)
+            assert configs.kernel_constexprs(cfg, N, size, SPLIT, True)["SAME_PHASE"] is True
+        assert {(c.w_shift, c.pdl, c.w_realign) for c in cands} == {(True, True, False), (True, False, False),
+                                                                   (False, False, True)}
+    assert configs.new_candidates(16384, 4, ALIGNED) == configs.new_candidates(127, 2, GENERIC) == []
+    assert configs.new_candidates(1001, 2, SPLIT) == []
+    cfg = configs.new_candidates(16385, 4, SPLIT)[0]
+    assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
+    assert configs.kernel_constexprs(configs.heuristic(16385, 4, SPLIT), 16385, 4, SPLIT, True)["SAME_PHASE"] is False
+    for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
+        with pytest.raises(ValueError, match="same_phase"):
+            configs.validate(bad, 16385, 4, SPLIT)
+
+
+@pytest.mark.parametrize("M", [1, 7, 8, 9, 64, 601, 2048])
+@pytest.mark.parametrize("rows, v", [(2, 4), (4, 4), (2, 8), (4, 8)])
+def test_same_phase_grid_gives_every_row_one_tile_of_its_phase(M, rows, v):
+    """Entry.grid for SAME_PHASE against the kernel's row order (kernels._tile_row, its formula
+    here): each row of M in exactly one tile, and a tile's rows start at one 16-byte phase."""
+    from tilefly.ops.rms_norm import launcher
+
+    entry = launcher.Entry()
+    entry.kernel, entry.rows_per_program, entry.programs, entry.phases = "rows", rows, 0, v
+    seen = []
+    N = 16385
+    for tile in range(entry.grid(M)):
+        tile_rows = [(tile // v) * (v * rows) + tile % v + r * v for r in range(rows)]
+        assert len({r * N % v for r in tile_rows}) == 1
+        seen += [r for r in tile_rows if r < M]
+    assert sorted(seen) == list(range(M))
+    assert entry.grid(M) < -(-M // rows) + v  # at most one partly empty group beyond the plain grid

@@ -524,8 +524,24 @@ def test_persistent_rows_loop_over_many_tiles(dtype, N):
     w = rand_weight(N, dtype)
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     layout = configs.row_layout(N, N, True, x.element_size())
-    candidates = configs.new_candidates(N, x.element_size(), layout)
+    candidates = configs.persistent_candidates(N, x.element_size(), layout)
     assert candidates and all(c.persistent for c in candidates)
     for cfg in candidates:
         entry = check_config(x, w, cfg, y_ref, rstd_ref)
         assert entry is None or entry.grid(M) < -(-M // cfg.rows)     # fewer programs than tiles
+
+
+@pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.bfloat16, 8193),
+                                      (torch.float32, 4097)])
+def test_same_phase_rows(dtype, N):
+    """SPLIT rows tiles whose rows are V apart (sweep.py --new): every row written once when M is
+    not a multiple of V * ROWS, w by shifted copies, through pdl, or realigned."""
+    M = 601
+    x = rand(M, N, dtype=dtype)
+    w = rand_weight(N, dtype)
+    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
+    layout = configs.row_layout(N, N, True, x.element_size())
+    candidates = configs.new_candidates(N, x.element_size(), layout)
+    assert candidates and all(c.same_phase for c in candidates)
+    for cfg in candidates:
+        check_config(x, w, cfg, y_ref, rstd_ref)

@@ -190,8 +190,8 @@ def v2_staged_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 
 def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """v4 builds (kernels_v4: MXFP4 scales folded into the unpacked operands) at <= 64 columns: the
-    staged v2 builds' tiles with one unpacked buffer. Not yet offered or picked: the decode probe
-    races them (``scripts/mx_decode_probe.py --v4``) until an H200 run has checked and timed them."""
+    staged v2 builds' tiles with one unpacked buffer. Offered at any decode width; ``pick`` runs them
+    above V4_MIN_COLS tokens (decode probe at 93fa9af, BENCHMARKS.md session 24)."""
     if fmt != "mxfp4" or cols > 64:
         return []
     out = [replace(c, kernel=4) for c in v2_staged_configs(rows, cols, k, fmt)]
@@ -229,6 +229,13 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
     return 64
 
 
+# MXFP4 decode runs v4 above this many tokens. Decode probe at 93fa9af (BENCHMARKS.md session 24), us,
+# staged v2 against v4 on the same tile and split: 32 x 14336 x 4096 36.6 / 34.5, 32 x 4096 x 14336
+# 37.5 / 34.7, 64 x 4096 x 4096 23.5 / 22.3, 32 x 4096 x 4096 16.9 / 17.2 (tie); at 8 tokens v4 lost
+# (128 x 8 tile: 15.4 / 17.3).
+V4_MIN_COLS = 8
+
+
 def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     """The config the eager path runs (rows >= cols): v2 with staged scales at <= 64 tokens
     (``staged_rows`` up to 32, 64 rows above), v2's 64-row build beyond. Staging and its plain decode
@@ -236,11 +243,16 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     MXFP8 32 x 14336 x 4096 from 40.3 to 24.6 us and MXFP4 from 50.7 to 36.7; at 64 tokens the suite's
     race (66b0808 and b76a2b2) chose the staged 64-row build over v3 for both formats.
     v3 (whose BF16 upcast shares the BF16 route's exactness limit) stays offered to the race only, so
-    every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18)."""
+    every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18). MXFP4 above
+    V4_MIN_COLS tokens takes the same tile as v4 (exact too: slots that do not fold take v2's path)."""
     staged = v2_staged_configs(rows, cols, k, fmt)
     if len(staged) == 2:
         wide, narrow = staged
-        return wide if cols <= 32 and staged_rows(rows, cols, k, fmt) == 128 else narrow
+        chosen = wide if cols <= 32 and staged_rows(rows, cols, k, fmt) == 128 else narrow
+        folded = replace(chosen, kernel=4)
+        if fmt == "mxfp4" and cols > V4_MIN_COLS and static_reason(folded, fmt) is None:
+            return folded
+        return chosen
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
     chosen = v2_narrow if cols > 64 else v2_wide
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
@@ -249,11 +261,11 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
     the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``) and, at 33-64
-    columns, v3 (``v3_configs``)."""
+    columns, v3 (``v3_configs``); MXFP4 at <= 64 columns, v4 (``v4_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
     return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v2_staged_configs(rows, cols, k, fmt),
-                        *v3_configs(rows, cols, k, fmt))
+                        *v3_configs(rows, cols, k, fmt), *v4_configs(rows, cols, k, fmt))
             if static_reason(c, fmt) is None]
 
 
@@ -346,8 +358,7 @@ def compile_specs():
         cfg2s = v2_staged_configs(4096, 16, 4096, fmt)[0]
         variants.append((fmt, cfg2s, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg2s, False, True, 2, "bf16", True, False))
-        for cfg4 in v4_configs(4096, 32, 4096, fmt):   # compiled, not yet shipped
-            variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
+        for cfg4 in v4_configs(4096, 32, 4096, fmt):   # swizzled, bias, FP16 (shipped() has the plain build)
             variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))

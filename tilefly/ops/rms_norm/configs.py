@@ -53,6 +53,8 @@ class Config:
     persistent: bool = False   # rows kernel: programs_per_sm programs an SM loop over the row
                                # tiles, the next tiles' loads pipelined `stages` deep through
                                # shared memory (PERSISTENT, kernels.py)
+    same_phase: bool = False   # rows kernel, SPLIT rows, rows > 1: a program's rows are V apart,
+                               # so they share their 16-byte phase and one w tile (SAME_PHASE)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -74,6 +76,8 @@ class Config:
             text += "[reload]"
         if self.x16:
             text += "[x16]"
+        if self.same_phase:
+            text += "[same-phase]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -171,6 +175,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"{config}: pdl overlaps the rows kernel with w_shift's copies")
     if config.persistent and (config.kernel != "rows" or config.pdl or config.stages < 1):
         raise ValueError(f"{config}: persistent is a rows-kernel grid (not with pdl), stages >= 1")
+    if config.same_phase and (config.kernel != "rows" or config.persistent):
+        raise ValueError(f"{config}: same_phase is a rows-kernel tile order (not persistent)")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
@@ -209,7 +215,8 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
     if layout == SPLIT:  # plain masked loads instead, to check that SPLIT pays for itself
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     out += tried_candidates(N, element_size, layout)
-    return list(dict.fromkeys(out + new_candidates(N, element_size, layout)))
+    return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
+                              + new_candidates(N, element_size, layout)))
 
 
 SMEM_PER_BLOCK = 232448      # bytes of shared memory one block may use on sm_90 (227 KB)
@@ -225,14 +232,32 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the heuristic's rows
-    tile (pdl dropped) as a persistent grid whose next tile's loads are in flight while this one
-    reduces and stores, 1 or 2 programs an SM where shared memory allows. Why: FP32 rows of 16385
-    reach 3.3 TB/s against 3.9 for rows of 16384; their tile takes 106 registers over 512 threads
-    (sm_90a compile), so an SM holds one CTA and one 64 KB row, and nothing overlaps its reduction
-    and store. Measured at d80dcdd (BENCHMARKS.md session 18): slower than the shipped tile on
-    every case tried (FP16 2048x16385 47.9 us at 2 an SM against 39.5, FP32 2048x16385 100.8
-    against 81.1), so TUNED has none of them."""
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: SPLIT rows tiles of
+    2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
+    without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
+    against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
+    registers); a SPLIT tile of two consecutive rows needs two w tiles (their phases differ) and
+    spills, so TUNED's tile holds one row and an SM has one 64 KB row in flight. Two rows of
+    the same phase compile to 128 registers with shifted copies (sm_90a), no spills."""
+    if layout != SPLIT or row_block(N, element_size, layout) < 4096:
+        return []
+    block = row_block(N, element_size, layout)
+    out = []
+    for rows in (2, 4):
+        for warps in (8, 16, 32):
+            if rows * block // (32 * warps) in (16, 32, 64) and rows * block <= 32768:
+                base = Config("rows", block, rows, warps, row_edges=True, same_phase=True)
+                out += [replace(base, w_shift=True, pdl=True), replace(base, w_shift=True),
+                        replace(base, w_realign=True)]
+    return out
+
+
+def persistent_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """The heuristic's rows tile (pdl dropped) as a persistent grid whose next tile's loads are in
+    flight while this one reduces and stores, 1 or 2 programs an SM where shared memory allows.
+    Measured at d80dcdd (BENCHMARKS.md session 18): slower than the shipped tile on every case
+    tried (FP16 2048x16385 47.9 us at 2 an SM against 39.5, FP32 2048x16385 100.8 against 81.1),
+    so TUNED has none of them."""
     base = heuristic(N, element_size, layout)
     if base.kernel != "rows" or layout == GENERIC or row_block(N, element_size, layout) < 4096:
         return []
@@ -344,7 +369,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
             **({"ROW_EDGES": config.row_edges and layout == SPLIT,
                 "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
-                "PERSISTENT": config.persistent, "STAGES": config.stages} if config.kernel == "rows" else {}),
+                "PERSISTENT": config.persistent, "STAGES": config.stages,
+                "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -446,13 +472,18 @@ def compile_specs():
     # the rows kernel waiting for the copies through PDL (sweep.py --new)
     add("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True), 16385)
     add("fp32", SPLIT, Config("rows", 4096, 2, 4, w_shift=True, row_edges=True, pdl=True), 4097)
-    # persistent rows tiles (sweep.py --new) at the suite's rows of 16384 and 16385 (programs a SM
-    # is a grid size, not compiled in: one binary serves 1 and 2)
+    # persistent rows tiles (tried) at the suite's rows of 16384 and 16385 (programs a SM is a grid
+    # size, not compiled in: one binary serves 1 and 2)
     for dtype, layout, N in (("fp32", SPLIT, 16385), ("fp32", ALIGNED, 16384), ("fp16", SPLIT, 16385),
                              ("bf16", ALIGNED, 16384)):
-        for cfg in new_candidates(N, _ELEMENT_SIZE[dtype], layout):
+        for cfg in persistent_candidates(N, _ELEMENT_SIZE[dtype], layout):
             if cfg.programs_per_sm == 1:
                 add(dtype, layout, cfg, N)
+    # rows V apart sharing one w tile (sweep.py --new), the 16385 tiles that compile without spills
+    add("fp32", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
+    add("fp32", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, same_phase=True), 16385)
+    add("fp16", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
+    add("bf16", SPLIT, Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True), 16385)
     for dtype in ("fp16", "fp32"):
         for pdl in (False, True):
             specs.append(_shift_weight_spec(dtype, pdl))
@@ -565,6 +596,13 @@ def interpreter_checks():
     for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True)),
                              ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True))):
         cases.append((f"rows-w-realign[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
+    # same_phase: rows V apart share a program (M not a multiple of V * ROWS, so the last group
+    # has masked rows), w by each of its three ways
+    for dtype, M, N, cfg in (("fp32", 13, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True, same_phase=True)),
+                             ("fp16", 21, 1001, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, same_phase=True)),
+                             ("bf16", 19, 203, Config("rows", 256, 4, 4, row_edges=True, same_phase=True)),
+                             ("fp32", 9, 203, Config("rows", 256, 2, 4, w_shift=True, row_edges=True, pdl=True, same_phase=True))):
+        cases.append((f"rows-same-phase[{dtype},M={M},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
                   ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",

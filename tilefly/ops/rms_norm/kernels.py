@@ -128,6 +128,14 @@ instructions a thread whatever the tile. ROW_EDGES instead handles each row's ed
 scalar row index (a [2V] tile Triton spreads a lane a thread), reloading x's edge lanes for the
 output (L1 hits). SASS, FP16 rows[4096,1,w=4]: 8 LDG.128 + 3 LDG.U16, 416 instructions with
 both (544 with W_SHIFT alone); FP32: 384 against 488.
+Same-phase rows (SAME_PHASE, the rows kernel, SPLIT rows; configs.Config.same_phase): row r starts
+r*N elements in, so rows V apart start at the same 16-byte phase c0 and read w from the same column
+offset. With SAME_PHASE a tile's ROWS rows are V apart (tile t of group t // V takes rows t % V,
+t % V + V, ...; the grid is V tiles per group of V * ROWS rows) and one [BLOCK_N] w tile, shifted
+copy c0 or realigned once, serves them all. Why: consecutive rows differ in phase, so a two-row
+SPLIT tile needs two w tiles and spills; FP32 rows of 16385 therefore ran one row a CTA (one 64 KB
+row in flight an SM) where aligned rows of 16384 run two. Two same-phase rows with shifted copies:
+128 registers at 16 warps, no spills (sm_90a).
 Segments RELOAD (configs.Config.reload): the segments kernel keeps its piece of x in registers
 across the row sync, as FP32: 128 16-bit values a thread (256 bytes, the bytes a thread of FP32's
 winning segments[SEG=8192,w=4]) take ~220 registers, so few CTAs fit an SM and the bytes in
@@ -275,14 +283,25 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-                         W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr):
+                         W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
+                         SAME_PHASE: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE)
+
+
+@triton.jit
+def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.constexpr):
+    """Row index of the tile's r-th row (r a scalar or an arange): consecutive rows, or with
+    SAME_PHASE rows V apart, tile t of group t // V taking rows t % V, t % V + V, ..."""
+    if SAME_PHASE:
+        return (tile // V) * (V * ROWS) + tile % V + r * V
+    else:
+        return tile * ROWS + r
 
 
 @triton.jit
@@ -290,9 +309,9 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-               W_PDL: tl.constexpr):
-    """Rows [tile * ROWS, tile * ROWS + ROWS) of the rows kernel."""
-    rows = tile * ROWS + tl.arange(0, ROWS)
+               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
+    """The rows of tile ``tile`` (``_tile_row``) in the rows kernel."""
+    rows = _tile_row(tile, tl.arange(0, ROWS), ROWS, V, SAME_PHASE)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -320,7 +339,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     sumsq = tl.sum(x * x, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            e_pos, e_mask = _row_edge_lanes(tile * ROWS + r, M, N, stride_row, V)
+            e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
             xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
             sumsq += tl.where(tl.arange(0, ROWS) == r, tl.sum(xe * xe, axis=0), 0.0)
     elif SPLIT:
@@ -333,7 +352,17 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
 
     y = x * rstd[:, None]
     if HAS_W:
-        if SPLIT and W_REALIGN:
+        if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
+            s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
+            c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
+            w_cols = cols < (s0 + N) // V * V - (s0 + c0)
+            if W_REALIGN:
+                w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, BLOCK_N, V)
+            else:
+                if W_PDL and not _INTERPRETED:
+                    gdc_wait()
+                w = tl.load(W + _body_w_offset(c0, N, V, W_SHIFT) + cols, mask=w_cols, other=0.0)[None, :]
+        elif SPLIT and W_REALIGN:
             w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, BLOCK_N, V)
         elif SPLIT:
             if W_PDL and not _INTERPRETED:  # the copies' kernel ran alongside x's loads: wait for it now
@@ -346,7 +375,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            row = tile * ROWS + r
+            row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
             e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
             xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)  # again: an L1 hit
             ye = xe * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)

@@ -32,17 +32,18 @@ class Entry:
     """One compiled kernel, ready for Triton's C launcher."""
 
     __slots__ = ("compiled", "direct", "function", "meta", "coop", "pdl", "consts", "kernel",
-                 "rows_per_program", "programs", "segments", "shift")
+                 "rows_per_program", "phases", "programs", "segments", "shift")
 
     def __init__(self):
         self.shift = None  # W_SHIFT: the Entry of the kernel writing w's shifted copies first
+        self.phases = 1    # SAME_PHASE: V, each group of V * rows rows served by V tiles
 
     def grid(self, M: int) -> int:
         if self.kernel == "chunked":
             return min(M, self.programs)
         if self.kernel == "segments":
             return M * self.segments
-        tiles = -(-M // self.rows_per_program)
+        tiles = -(-M // (self.rows_per_program * self.phases)) * self.phases
         return min(tiles, self.programs) if self.programs else tiles  # programs: a persistent rows grid
 
 
@@ -163,6 +164,8 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     constexprs = configs.kernel_constexprs(cfg_, N, size, layout, w is not None)
     entry = Entry()
     entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
+    if constexprs.get("SAME_PHASE"):
+        entry.phases = constexprs["V"]
     args = [x, x if w is None else w, y, rstd, M, N, stride, eps]
     if constexprs["W_SHIFT"]:
         v = constexprs["V"]
