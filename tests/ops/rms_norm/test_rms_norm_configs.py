@@ -75,7 +75,7 @@ MEASURED_BEST = {
     ("fp32", 2048, 114688): Config("segments", 8192, 1, 4),
     ("fp32", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
     ("fp32", 4096, 8193): Config("rows", 8192, 1, 8, row_edges=True),
-    ("fp32", 2048, 16385): Config("rows", 16384, 1, 16, row_edges=True, w_realign=True),
+    ("fp32", 2048, 16385): Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True),
     ("fp32", 2048, 32769): Config("rows", 32768, 1, 16),
 }
 
@@ -228,7 +228,7 @@ def test_concurrent_interpreter_runs_programs_that_wait_for_each_other():
 @pytest.mark.parametrize("N, size", [(4097, 2), (8193, 2), (16385, 2), (16385, 4), (32769, 4)])
 def test_tried_candidates_for_split_rows_read_shifted_weight_copies(N, size):
     new = configs.tried_candidates(N, size, SPLIT)
-    pick = configs.heuristic(N, size, SPLIT)
+    pick = configs._one_row(configs.heuristic(N, size, SPLIT))   # the tile they were measured against
     assert new and len(new) == len(set(new)) <= 24
     assert new[0] == replace(pick, w_shift=True, w_realign=False, row_edges=pick.kernel == "rows")
     for cfg in new:
@@ -503,7 +503,8 @@ def test_same_phase_rows_are_the_new_candidates():
     assert configs.new_candidates(1001, 2, SPLIT) == []
     cfg = configs.new_candidates(16385, 4, SPLIT)[0]
     assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
-    assert configs.kernel_constexprs(configs.heuristic(16385, 4, SPLIT), 16385, 4, SPLIT, True)["SAME_PHASE"] is False
+    assert configs.kernel_constexprs(configs.heuristic(16385, 2, SPLIT), 16385, 2, SPLIT, True)["SAME_PHASE"] is False
+    assert configs.heuristic(16385, 4, SPLIT) in configs.new_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
     for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
         with pytest.raises(ValueError, match="same_phase"):
             configs.validate(bad, 16385, 4, SPLIT)
