@@ -295,3 +295,27 @@ def test_flush_mode_defaults_to_read_and_names_the_variable_when_wrong(monkeypat
     monkeypatch.setenv("TILEFLY_BENCH_FLUSH", "dirty")
     with pytest.raises(ValueError, match="TILEFLY_BENCH_FLUSH"):
         timing.flush_mode()
+
+
+def test_config_screen_holds_the_gpu_like_the_run(monkeypatch):
+    """run_suite hands its policy's headstart to the screen that picks a family's fastest config
+    (best_config_provider), and clears it afterwards: a config of several launches must not be
+    screened by its host time when the run times the GPU alone."""
+    screens = []
+
+    def measure(fn, policy=timing.FULL, device=None):
+        screens.append(policy.headstart_us)
+        return timing.Timing(1.0, 1.0, 1.0, 1)
+
+    monkeypatch.setattr(timing, "measure", measure)
+    provider = _common.best_config_provider("tilefly", lambda: {"one": lambda: None})
+
+    def bench(case):
+        provider.build()
+        return CaseBench([], lambda name, us: {}, [])
+
+    suite = type("S", (), {"name": "fake", "title": "fake", "plan": staticmethod(lambda: Plan(bench, [], []))})
+    for hold in (0.0, 300.0):
+        env = dict.fromkeys(("gpu", "torch", "triton", "tilefly", "commit", "date"), "-")
+        runner.run_suite(suite, [Case("fake", 0, {})], timing.Policy(headstart_us=hold), True, env)
+        assert screens[-1] == hold and timing.RUN_HEADSTART_US == 0.0

@@ -249,10 +249,12 @@ def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: boo
 
     before = tilefly.enabled_ops()
     tilefly.disable()
+    timing.RUN_HEADSTART_US = policy.headstart_us
     try:
         plan = suite.plan()
         results = [run_case(case, plan, policy) for case in progress(cases, suite.name)]
     finally:
+        timing.RUN_HEADSTART_US = 0.0
         tilefly.disable()
         if before:
             tilefly.enable(before)

@@ -122,6 +122,11 @@ class Policy:
 FULL = Policy()
 QUICK = Policy(min_reps=20, target_ms=50.0, max_reps=300)
 
+# The running suite's ``headstart_us`` (set by runner.run_suite), for the timings a provider makes on
+# its own, e.g. the screen that picks a family's fastest config: timed without the hold, a config of
+# several launches would be screened by its host time and lose to one it beats on the GPU.
+RUN_HEADSTART_US = 0.0
+
 
 @dataclass(frozen=True)
 class Timing:
