@@ -27,7 +27,30 @@ def interpreter_checks():
     checks += [(f"upcast_run[{fmt},{'swizzled' if swz else 'plain'},{scales},{out},bias={int(bias)}]",
                 functools.partial(_check_upcast, fmt, swz, scales, out, bias))
                for fmt, swz, scales, out, bias in upcasts]
+    checks += [(f"rescale_in_place[{'some scales' if shifted else 'all scales 1'}]",
+                functools.partial(_check_rescale_in_place, shifted)) for shifted in (True, False)]
     return checks
+
+
+def _check_rescale_in_place(shifted: bool) -> None:
+    """upcast.rescale in place on more tiles than the persistent grid has programs (12 tiles, 4
+    programs on CPU): with a few rows and columns scaled, every element equals c * scale_a * scale_b
+    in BF16 (tiles of scale 1 skipped, the rest rescaled); with all scales 1, c stays as it was."""
+    import torch
+
+    from tilefly.ops.mx_gemm import upcast
+
+    m, n = 100, 600
+    gen = torch.Generator().manual_seed(11)
+    c = torch.randn(m, n, generator=gen).to(torch.bfloat16)
+    sa, sb = torch.ones(m), torch.ones(n)
+    if shifted:
+        sa[[3, 70]], sb[[5, 520]] = 2.0 ** 40, 2.0 ** -30
+    want = (c.float() * sa[:, None] * sb[None, :]).to(torch.bfloat16)
+    upcast.rescale(c, c, sa, sb, None, always=False)
+    if not torch.equal(c.view(torch.int16), want.view(torch.int16)):
+        bad = (c.float() != want.float()).nonzero()[:4].tolist()
+        raise AssertionError(f"rescaled in place wrongly at {bad}")
 
 
 def _operand(fmt: str, rows: int, k: int, scales: str, seed: int):
