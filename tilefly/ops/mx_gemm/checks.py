@@ -33,9 +33,9 @@ def interpreter_checks():
 
 
 def _check_rescale_in_place(shifted: bool) -> None:
-    """upcast.rescale in place on more tiles than the persistent grid has programs (12 tiles, 4
-    programs on CPU): with a few rows and columns scaled, every element equals c * scale_a * scale_b
-    in BF16 (tiles of scale 1 skipped, the rest rescaled); with all scales 1, c stays as it was."""
+    """upcast.rescale in place over 12 tiles: with a few rows and columns scaled, every element equals
+    c * scale_a * scale_b in BF16 (tiles of scale 1 skipped, the rest rescaled); with all scales 1, c
+    stays as it was."""
     import torch
 
     from tilefly.ops.mx_gemm import upcast

@@ -420,8 +420,8 @@ def upcast_specs():
         sig = {"c_ptr": f"*{c}", "out_ptr": f"*{out}", "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32",
                "bias_ptr": f"*{out}", "M": "i32", "N": "i32", "stride_c": "i32", "stride_out": "i32",
                "stride_bias": "i32", "BIAS": "constexpr", "ALWAYS": "constexpr", "BLOCK_M": "constexpr",
-               "BLOCK_N": "constexpr", "SCAN": "constexpr"}
-        constexprs = dict(BIAS=bool(bias), ALWAYS=always, BLOCK_M=block_m, BLOCK_N=block_n, SCAN=upcast.RESCALE_SCAN)
+               "BLOCK_N": "constexpr"}
+        constexprs = dict(BIAS=bool(bias), ALWAYS=always, BLOCK_M=block_m, BLOCK_N=block_n)
         specs.append(KernelSpec(f"mx_gemm.rescale[{c}->{out},bias={bias},always={always}]", _rescale_kernel, sig,
                                 constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 7, 8)},
                                 num_warps=8))

@@ -21,9 +21,7 @@ Pass 1 streams the rows' exponents as [ROWS, BLOCKS] tiles for their range; pass
 [ROWS, BLOCKS, 32] tiles (a 32-value block per innermost row: FP8 32 contiguous bytes, FP4 16 packed
 bytes joined back into 32 values, low nibble first), each block's factor loaded once and broadcast
 along it, stored as contiguous BF16 rows; ROWS * BLOCKS * 32 = 4096 values a step, 32 a thread.
-Rescale: [32, 256] tiles of C over 8 warps, 32 elements a thread; in place (not ALWAYS) a persistent grid
-of 2 programs an SM, each first scanning all M + N scales 1024 a step (one 16-byte load a thread), then
-walking the tiles only if some scale is not 1. No barriers; shared memory only
+Rescale: [32, 256] tiles of C over 8 warps, 32 elements a thread. No barriers; shared memory only
 for Triton's row reductions and layout changes (2-4 KB, sm_90a compile).
 """
 import triton
@@ -115,13 +113,11 @@ def mx_upcast_rows_kernel(qa_ptr, sa_ptr, qb_ptr, sb_ptr, out_ptr, row_scale_ptr
 
 
 @triton.jit
-def _rescale_tile(c_ptr, out_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, stride_c, stride_out, stride_bias,
-                  tile_m, tile_n, BIAS: tl.constexpr, ALWAYS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] tile of out = C' * scale_a[:, None] * scale_b[None, :] (+ bias); unless
-    ALWAYS, left alone where the tile's scales are all 1."""
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def mx_rescale_kernel(c_ptr, out_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, stride_c, stride_out,
+                      stride_bias, BIAS: tl.constexpr, ALWAYS: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     sa = tl.load(scale_a_ptr + rows, mask=rows < M, other=1.0)
     sb = tl.load(scale_b_ptr + cols, mask=cols < N, other=1.0)
     todo = tl.max(tl.where(sa != 1.0, 1, 0), axis=0) | tl.max(tl.where(sb != 1.0, 1, 0), axis=0) | ALWAYS
@@ -133,31 +129,3 @@ def _rescale_tile(c_ptr, out_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, stri
         if BIAS:
             c += tl.load(bias_ptr + cols.to(tl.int64) * stride_bias, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + r * stride_out + cols[None, :], c.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _any_not_one(scale_ptr, n, SCAN: tl.constexpr):
-    """1 if any of scale[0..n) differs from 1, else 0."""
-    hit = tl.zeros([SCAN], tl.int32)
-    for start in range(0, n, SCAN):
-        idx = start + tl.arange(0, SCAN)
-        hit |= tl.where(tl.load(scale_ptr + idx, mask=idx < n, other=1.0) != 1.0, 1, 0)
-    return tl.max(hit, axis=0)
-
-
-@triton.jit
-def mx_rescale_kernel(c_ptr, out_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, stride_c, stride_out,
-                      stride_bias, BIAS: tl.constexpr, ALWAYS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
-    """ALWAYS: a grid of tiles, each rescaled. Otherwise (in place) a persistent grid whose programs
-    first scan every scale of A and B and stop when all are 1, the usual case; else they walk the
-    tiles, skipping those whose scales are all 1."""
-    if ALWAYS:
-        _rescale_tile(c_ptr, out_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, stride_c, stride_out, stride_bias,
-                      tl.program_id(0), tl.program_id(1), BIAS, ALWAYS, BLOCK_M, BLOCK_N)
-    else:
-        if (_any_not_one(scale_a_ptr, M, SCAN) | _any_not_one(scale_b_ptr, N, SCAN)) != 0:
-            tiles_n = tl.cdiv(N, BLOCK_N)
-            for tile in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tiles_n, tl.num_programs(0)):
-                _rescale_tile(c_ptr, out_ptr, scale_a_ptr, scale_b_ptr, bias_ptr, M, N, stride_c, stride_out,
-                              stride_bias, tile // tiles_n, tile % tiles_n, BIAS, ALWAYS, BLOCK_M, BLOCK_N)

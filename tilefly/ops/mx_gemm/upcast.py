@@ -30,8 +30,6 @@ MIN_SIDE = 128
 SCALE_BLOCK = 32
 CHUNK = 4096                 # values an upcast program converts a step: 32 a thread over 4 warps
 RESCALE_TILE = (32, 256)     # rows x columns a rescale program covers, 8 warps
-RESCALE_SCAN = 1024          # scales an in-place rescale program checks a step (one 16-byte load a thread)
-RESCALE_PROGRAMS_PER_SM = 2  # in place: a persistent grid, most launches ending after the scan
 
 # Compiled upcast and rescale kernels, replayed through Triton's C launcher (_triton_launch.launch_direct):
 # through the JIT the route's launches cost ~150 us of host time a call on the H200 host.
@@ -93,24 +91,15 @@ def rescale(c: torch.Tensor, out: torch.Tensor, scale_a: torch.Tensor, scale_b: 
             bias: torch.Tensor | None, always: bool) -> None:
     """out = c * scale_a[:, None] * scale_b[None, :] (+ bias), cast to out's dtype; c and out have
     unit column stride. Unless ``always``, tiles whose scales are all 1 are skipped, so c must then
-    be ``out`` itself (rescaled in place), and the launch is a persistent grid of a few programs an
-    SM that first check every scale: the usual call (ordinary scales, all 1) costs one short wave, not
-    a wave of M/32 x N/256 tiles that each read their scales and return."""
-    from tilefly import _device, _triton_launch
+    be ``out`` itself (rescaled in place)."""
+    from tilefly import _triton_launch
 
     m, n = out.shape
     block_m, block_n = RESCALE_TILE
-    tiles = (-(-m // block_m), -(-n // block_n))
-    if always:
-        grid = tiles
-    else:
-        programs = _device.sm_count(out) * RESCALE_PROGRAMS_PER_SM if out.is_cuda else 4
-        grid = (min(tiles[0] * tiles[1], programs), 1)
-    _triton_launch.launch_direct(_launches, _rescale_kernel, grid,
+    _triton_launch.launch_direct(_launches, _rescale_kernel, (-(-m // block_m), -(-n // block_n)),
                                  (c, out, scale_a, scale_b, out if bias is None else bias),
                                  (m, n, c.stride(0), out.stride(0), 0 if bias is None else bias.stride(0)),
-                                 dict(BIAS=bias is not None, ALWAYS=int(always), BLOCK_M=block_m, BLOCK_N=block_n,
-                                      SCAN=RESCALE_SCAN),
+                                 dict(BIAS=bias is not None, ALWAYS=int(always), BLOCK_M=block_m, BLOCK_N=block_n),
                                  num_warps=8)
 
 
