@@ -1,4 +1,4 @@
-"""Where SPLIT rows lose against aligned ones: one 16-bit row length, the shipped config with and
+"""Where SPLIT rows lose against aligned ones: one row length (any dtype), the shipped config with and
 without a weight (no weight: no shifted copies, no w loads), without pdl, without copies (scalar w
 loads), and the aligned row one element shorter; rounds interleaved, L2 flushed, median us.
 

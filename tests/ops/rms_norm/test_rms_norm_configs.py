@@ -435,7 +435,7 @@ def test_x16_halves_the_registers_of_16_bit_segments():
 
 # -- persistent rows tiles: the next tile's loads in flight while this one reduces and stores ------
 
-def test_persistent_rows_are_tried_candidates_that_fit_shared_memory():
+def test_persistent_rows_stay_in_the_full_sweep_and_fit_shared_memory():
     """The full sweep keeps the heuristic's rows tile as a persistent grid (measured, lost), 1 or 2
     programs an SM where the pipeliner's buffers fit; the FP32 row of 16385 gets it with and
     without w realigned."""

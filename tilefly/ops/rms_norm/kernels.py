@@ -134,8 +134,9 @@ offset. With SAME_PHASE a tile's ROWS rows are V apart (tile t of group t // V t
 t % V + V, ...; the grid is V tiles per group of V * ROWS rows) and one [BLOCK_N] w tile, shifted
 copy c0 or realigned once, serves them all. Why: consecutive rows differ in phase, so a two-row
 SPLIT tile needs two w tiles and spills; FP32 rows of 16385 therefore ran one row a CTA (one 64 KB
-row in flight an SM) where aligned rows of 16384 run two. Two same-phase rows with shifted copies:
-128 registers at 16 warps, no spills (sm_90a).
+row in flight an SM) where aligned rows of 16384 run two. On the H200 two same-phase FP32 rows of 16385
+with w realigned (128 registers at 16 warps, 16 bytes of spills) took 76.6 us against 81.0 for one row a
+tile, so TUNED has them there; on 16-bit rows and shorter FP32 rows they lost (BENCHMARKS.md session 24).
 Segments RELOAD (configs.Config.reload): the segments kernel keeps its piece of x in registers
 across the row sync, as FP32: 128 16-bit values a thread (256 bytes, the bytes a thread of FP32's
 winning segments[SEG=8192,w=4]) take ~220 registers, so few CTAs fit an SM and the bytes in
