@@ -230,8 +230,8 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
 
 
 # MXFP4 decode runs v4 above this many tokens. Decode probe at 93fa9af (BENCHMARKS.md session 24), us,
-# staged v2 against v4 on the same tile and split: 32 x 14336 x 4096 36.6 / 34.5, 32 x 4096 x 14336
-# 37.5 / 34.7, 64 x 4096 x 4096 23.5 / 22.3, 32 x 4096 x 4096 16.9 / 17.2 (tie); at 8 tokens v4 lost
+# staged v2 against v4 on the shipped tile, ring and split: 32 x 14336 x 4096 36.8 / 34.5, 32 x 4096 x 14336
+# 38.0 / 34.7, 64 x 4096 x 4096 23.5 / 22.3, 32 x 4096 x 4096 17.4 / 17.2 (tie); at 8 tokens v4 lost
 # (128 x 8 tile: 15.4 / 17.3).
 V4_MIN_COLS = 8
 
