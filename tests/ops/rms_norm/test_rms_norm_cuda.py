@@ -514,20 +514,25 @@ def test_segments_keeping_16_bit_x(dtype, cfg):
     check_config(x, w, cfg, *reference(x, 1, w, 1e-6))
 
 
+def _rows_and_candidates(M, N, dtype, candidates_of):
+    """Contiguous [M, N] rows and a weight, the configs ``candidates_of`` offers for their layout, and
+    the float64 reference (y, rstd)."""
+    x = rand(M, N, dtype=dtype)
+    w = rand_weight(N, dtype)
+    layout = configs.row_layout(N, N, True, x.element_size())
+    return x, w, candidates_of(N, x.element_size(), layout), reference(x, 1, w, 1e-6)
+
+
 @pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.float32, 16384),
                                       (torch.bfloat16, 16384)])
 def test_persistent_rows_loop_over_many_tiles(dtype, N):
     """Persistent rows tiles (sweep.py --new) with more row tiles than programs, so each program
     loops and its pipelined loads run ahead into the next tile; every output written once."""
     M = 601
-    x = rand(M, N, dtype=dtype)
-    w = rand_weight(N, dtype)
-    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
-    layout = configs.row_layout(N, N, True, x.element_size())
-    candidates = configs.persistent_candidates(N, x.element_size(), layout)
+    x, w, candidates, ref = _rows_and_candidates(M, N, dtype, configs.persistent_candidates)
     assert candidates and all(c.persistent for c in candidates)
     for cfg in candidates:
-        entry = check_config(x, w, cfg, y_ref, rstd_ref)
+        entry = check_config(x, w, cfg, *ref)
         assert entry is None or entry.grid(M) < -(-M // cfg.rows)     # fewer programs than tiles
 
 
@@ -536,12 +541,7 @@ def test_persistent_rows_loop_over_many_tiles(dtype, N):
 def test_same_phase_rows(dtype, N):
     """SPLIT rows tiles whose rows are V apart (sweep.py --new): every row written once when M is
     not a multiple of V * ROWS, w by shifted copies, through pdl, or realigned."""
-    M = 601
-    x = rand(M, N, dtype=dtype)
-    w = rand_weight(N, dtype)
-    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
-    layout = configs.row_layout(N, N, True, x.element_size())
-    candidates = configs.new_candidates(N, x.element_size(), layout)
+    x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.new_candidates)
     assert candidates and all(c.same_phase for c in candidates)
     for cfg in candidates:
-        check_config(x, w, cfg, y_ref, rstd_ref)
+        check_config(x, w, cfg, *ref)

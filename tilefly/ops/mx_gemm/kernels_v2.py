@@ -106,15 +106,14 @@ E4M3_OF_E2M1_HI = 0x4C484440
 # byte, fold bytes (0,1) and (2,3) into the four selector nibbles of one PRMT, look the four
 # magnitudes up in the table, and OR in the sign (nibble bit 3 -> byte bit 7). 17 instructions
 # for 8 values, against ~10 integer ops a value for the arithmetic formula.
-_UNPACK_ASM = gl.constexpr(f"""{{
-.reg .b32 lut0, lut1, code, fold, sel, mag, sgn;
-mov.b32 lut0, {E4M3_OF_E2M1_LO:#x};
-mov.b32 lut1, {E4M3_OF_E2M1_HI:#x};
-and.b32 code, $2, 0x07070707;
+def unpack_ptx(lut_lo: str, lut_hi: str) -> str:
+    """The unpack's instructions with the table's low and high words in registers ``lut_lo`` and
+    ``lut_hi``, declared by the caller (kernels_v4 passes per-row tables as operands)."""
+    return f"""and.b32 code, $2, 0x07070707;
 shr.u32 fold, code, 4;
 or.b32 fold, fold, code;
 prmt.b32 sel, fold, fold, 0x0020;
-prmt.b32 mag, lut0, lut1, sel;
+prmt.b32 mag, {lut_lo}, {lut_hi}, sel;
 shl.b32 sgn, $2, 4;
 and.b32 sgn, sgn, 0x80808080;
 or.b32 $0, mag, sgn;
@@ -123,10 +122,15 @@ and.b32 code, code, 0x07070707;
 shr.u32 fold, code, 4;
 or.b32 fold, fold, code;
 prmt.b32 sel, fold, fold, 0x0020;
-prmt.b32 mag, lut0, lut1, sel;
+prmt.b32 mag, {lut_lo}, {lut_hi}, sel;
 and.b32 sgn, $2, 0x80808080;
 or.b32 $1, mag, sgn;
-}}""")
+"""
+
+
+_UNPACK_ASM = gl.constexpr("{\n.reg .b32 lut0, lut1, code, fold, sel, mag, sgn;\n"
+                           f"mov.b32 lut0, {E4M3_OF_E2M1_LO:#x};\nmov.b32 lut1, {E4M3_OF_E2M1_HI:#x};\n"
+                           + unpack_ptx("lut0", "lut1") + "}")
 
 
 @gluon.jit

@@ -52,7 +52,7 @@ from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, block_operands,
-                                            slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot)
+                                            slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot, unpack_ptx)
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, load_program_scales,
                                         program_scale_paths, stage_words)
 
@@ -62,28 +62,10 @@ FOLD_SPAN = gl.constexpr(5)              # largest e_max - e a folded K-block ma
 PACKED_BLOCK = gl.constexpr(16)          # packed bytes of one K-block
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
 
-# kernels_v2._UNPACK_ASM with the two table registers as operands: $2 four packed bytes, $3 and $7 the
+# kernels_v2's unpack with the two table registers as operands: $2 four packed bytes, $3 and $7 the
 # table's low and high words ($4-$6 and $8-$10: the same values for the other three bytes of the
 # pack, unused).
-_UNPACK_TABLE_ASM = gl.constexpr("""{
-.reg .b32 code, fold, sel, mag, sgn;
-and.b32 code, $2, 0x07070707;
-shr.u32 fold, code, 4;
-or.b32 fold, fold, code;
-prmt.b32 sel, fold, fold, 0x0020;
-prmt.b32 mag, $3, $7, sel;
-shl.b32 sgn, $2, 4;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $0, mag, sgn;
-shr.u32 code, $2, 4;
-and.b32 code, code, 0x07070707;
-shr.u32 fold, code, 4;
-or.b32 fold, fold, code;
-prmt.b32 sel, fold, fold, 0x0020;
-prmt.b32 mag, $3, $7, sel;
-and.b32 sgn, $2, 0x80808080;
-or.b32 $1, mag, sgn;
-}""")
+_UNPACK_TABLE_ASM = gl.constexpr("{\n.reg .b32 code, fold, sel, mag, sgn;\n" + unpack_ptx("$3", "$7") + "}")
 
 
 @gluon.constexpr_function
