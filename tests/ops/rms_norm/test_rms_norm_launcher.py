@@ -126,7 +126,7 @@ def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast
         constexprs = configs.kernel_constexprs(cfg, N, x.element_size(), layout, w is not None)
         entry, shift = launcher.Entry(), launcher.Entry()
         for e, name, consts in ((entry, "MAIN", tuple(constexprs.values())),
-                                (shift, "SHIFT", (launcher.SHIFT_BLOCK, constexprs["V"]))):
+                                (shift, "SHIFT", (configs.SHIFT_BLOCK, constexprs["V"]))):
             e.compiled, e.function, e.meta, e.coop, e.pdl, e.consts = None, name, "META", False, False, consts
             e.direct = lambda *args: calls.append(args)
         entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg.kernel, cfg.rows, 0, 0
@@ -148,7 +148,7 @@ def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast
     shift_call, main_call = calls
     assert shift_call[:5] == (5, 1, 1, "STREAM", "SHIFT") and main_call[4] == "MAIN"
     w_src, w_copies, n = shift_call[HEAD:HEAD + 3]
-    assert w_src == w.data_ptr() and n == 4097 and shift_call[HEAD + 3:] == (launcher.SHIFT_BLOCK, 8)
+    assert w_src == w.data_ptr() and n == 4097 and shift_call[HEAD + 3:] == (configs.SHIFT_BLOCK, 8)
     assert main_call[HEAD] == x.data_ptr() and main_call[HEAD + 1] == w_copies != w.data_ptr()
     w_shift_at = HEAD + 8 + list(configs.kernel_constexprs(cfg, 4097, 2, configs.SPLIT, True)).index("W_SHIFT")
     assert main_call[w_shift_at] is True

@@ -499,11 +499,16 @@ def compile_specs():
     return specs
 
 
+# Elements of w per program of the shifted-copies kernel (each writes them to all V copies):
+# small, so the copies of a row of 16385 spread over 65 programs and finish in one round trip.
+SHIFT_BLOCK = 256
+
+
 def _shift_weight_spec(dtype: str, pdl: bool = False):
     from tilefly.compile_check import KernelSpec
 
     ptr = _TRITON_DTYPE[dtype]
-    consts = {"BLOCK": 1024, "V": vec(_ELEMENT_SIZE[dtype]), "PDL": pdl}
+    consts = {"BLOCK": SHIFT_BLOCK, "V": vec(_ELEMENT_SIZE[dtype]), "PDL": pdl}
     return KernelSpec(f"rms_norm.shift_weight[{dtype}{',pdl' if pdl else ''}]",
                       functools.partial(_kernel, "rms_norm_shift_weight_kernel"),
                       {"W": ptr, "WS": ptr, "N": "i32", "BLOCK": "constexpr", "V": "constexpr", "PDL": "constexpr"},

@@ -268,15 +268,19 @@ def _realigned_w(W, c0, cols, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, V: t
 def rms_norm_shift_weight_kernel(W, WS, N, BLOCK: tl.constexpr, V: tl.constexpr, PDL: tl.constexpr):
     """WS[k * NP + j] = w[k + j] (0 past the row) for k < V, NP = N rounded up to V: the shifted
     copies W_SHIFT reads. Grid: cdiv(NP, BLOCK) programs, each writing column block j of every
-    copy; the loads are scalar for odd k, but w is small and they hit L1 after the first copy.
-    PDL: let the normalizing kernel, launched as its programmatic dependent, start right away."""
-    if PDL and not _INTERPRETED:
-        gdc_launch_dependents()
+    copy from one [V, BLOCK] load (scalar for odd k; the lines are shared, so L1 serves most).
+    Why one 2-D load: written copy by copy, each load waits behind the previous copy's store
+    (WS may alias W for all Triton knows), V round trips to a memory system busy with the
+    dependent kernel's x stream. PDL: the dependent kernel is let go only after the load is
+    issued, so w's request enters the memory system ahead of that stream."""
     NP = (N + V - 1) // V * V
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    for k in tl.static_range(V):
-        w = tl.load(W + k + j, mask=k + j < N, other=0.0)
-        tl.store(WS + k * NP + j, w, mask=j < NP)
+    k = tl.arange(0, V)
+    src = k[:, None] + j[None, :]
+    w = tl.load(W + src, mask=src < N, other=0.0)
+    if PDL and not _INTERPRETED:
+        gdc_launch_dependents()
+    tl.store(WS + k[:, None] * NP + j[None, :], w, mask=(j < NP)[None, :])
 
 
 @triton.jit(do_not_specialize=["M"])

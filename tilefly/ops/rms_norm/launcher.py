@@ -137,10 +137,6 @@ def _workspace(x: torch.Tensor, M: int, segments: int) -> tuple:
             torch.empty(M * segments, dtype=torch.float32, device=x.device))
 
 
-# Elements of w per program of the shifted-copies kernel (each writes them to all V copies).
-SHIFT_BLOCK = 1024
-
-
 def _shifted_weight(w: torch.Tensor, N: int, v: int) -> torch.Tensor:
     """Storage for the V shifted copies of w that W_SHIFT reads (kernels.py): V rows of N rounded
     up to V. Freed after the launch like the segments workspace (stream-ordered reuse)."""
@@ -171,12 +167,12 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
         v = constexprs["V"]
         args[1] = _shifted_weight(w, N, v)
         shift = Entry()
-        shift.programs = -(-args[1].numel() // v // SHIFT_BLOCK)
+        shift.programs = -(-args[1].numel() // v // configs.SHIFT_BLOCK)
         pdl = bool(constexprs.get("W_PDL", False))
         compiled_shift = kernels.rms_norm_shift_weight_kernel[(shift.programs,)](
-            w, args[1], N, BLOCK=SHIFT_BLOCK, V=v, PDL=pdl, num_warps=4)
+            w, args[1], N, BLOCK=configs.SHIFT_BLOCK, V=v, PDL=pdl, num_warps=4)
         if x.is_cuda and hasattr(compiled_shift, "packed_metadata"):
-            _fill(shift, compiled_shift, (SHIFT_BLOCK, v, pdl))
+            _fill(shift, compiled_shift, (configs.SHIFT_BLOCK, v, pdl))
             entry.shift = shift
     if cfg_.kernel == "rows":
         kernel = kernels.rms_norm_rows_kernel
