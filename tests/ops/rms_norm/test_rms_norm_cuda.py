@@ -539,19 +539,9 @@ def test_persistent_rows_loop_over_many_tiles(dtype, N):
 @pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.bfloat16, 8193),
                                       (torch.float32, 4097)])
 def test_same_phase_rows(dtype, N):
-    """SPLIT rows tiles whose rows are V apart (the full sweep): every row written once when M is
+    """SPLIT rows tiles whose rows are V apart (sweep.py --new): every row written once when M is
     not a multiple of V * ROWS, w by shifted copies, through pdl, or realigned."""
-    x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.same_phase_candidates)
-    assert candidates and all(c.same_phase for c in candidates)
-    for cfg in candidates:
-        check_config(x, w, cfg, *ref)
-
-
-@pytest.mark.parametrize("dtype, N", [(torch.float16, 16385), (torch.bfloat16, 8193), (torch.float32, 4097)])
-def test_phase_major_rows(dtype, N):
-    """One-row SPLIT tiles taken phase by phase (sweep.py --new), M not a multiple of V: every row
-    written once, w by shifted copies, through pdl, realigned or scalar."""
     x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.new_candidates)
-    assert candidates and all(c.phase_major for c in candidates)
+    assert candidates and all(c.same_phase for c in candidates)
     for cfg in candidates:
         check_config(x, w, cfg, *ref)

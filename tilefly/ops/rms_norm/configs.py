@@ -55,8 +55,6 @@ class Config:
                                # shared memory (PERSISTENT, kernels.py)
     same_phase: bool = False   # rows kernel, SPLIT rows, rows > 1: a program's rows are V apart,
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
-    phase_major: bool = False  # rows kernel, SPLIT rows, rows = 1: programs take the rows phase by
-                               # phase, so CTAs resident together read one w copy (PHASE_MAJOR)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -80,8 +78,6 @@ class Config:
             text += "[x16]"
         if self.same_phase:
             text += "[same-phase]"
-        if self.phase_major:
-            text += "[phase-major]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -182,8 +178,6 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"{config}: persistent is a rows-kernel grid (not with pdl), stages >= 1")
     if config.same_phase and (config.kernel != "rows" or config.persistent):
         raise ValueError(f"{config}: same_phase is a rows-kernel tile order (not persistent)")
-    if config.phase_major and (config.kernel != "rows" or config.rows != 1 or config.persistent):
-        raise ValueError(f"{config}: phase_major is a rows-kernel order of one-row tiles (not persistent)")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
@@ -223,7 +217,6 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     out += tried_candidates(N, element_size, layout)
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
-                              + same_phase_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -240,34 +233,15 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: one-row SPLIT tiles
-    taken phase by phase (phase_major), w by shifted copies (with or without pdl), realigned or
-    scalar, 16-64 values a thread. Why: without a weight a 16-bit SPLIT row of 16385 runs as fast
-    as an aligned row (34.5-35.4 against 33.5-34.2 us); with one it takes ~39 whether w comes from
-    copies or is realigned, against ~36 aligned. In row order the CTAs an SM holds at once serve
-    rows of different phases, so each reads its own w copy (or lines at its own offset) from L2,
-    32 KB a row: 64 MB of L2 reads for FP16 2048x16385, where aligned rows share w in L1."""
-    if layout != SPLIT or row_block(N, element_size, layout) < 4096:
-        return []
-    block = row_block(N, element_size, layout)
-    out = []
-    for warps in (4, 8, 16):
-        if block // (32 * warps) in (16, 32, 64):
-            base = Config("rows", block, 1, warps, row_edges=True, phase_major=True)
-            out += [replace(base, w_shift=True, pdl=True), replace(base, w_shift=True),
-                    replace(base, w_realign=True), base]
-    return out
-
-
-def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """SPLIT rows tiles of 2 or 4 rows V apart (same_phase), so that the rows share one w tile
-    (shifted copies, with or without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of
-    16385 reached 3.3 TB/s against 3.9 for rows of 16384, whose winning tile holds two rows (64
-    values a thread, 120 registers); a SPLIT tile of two consecutive rows needs two w tiles (their
-    phases differ) and spills, so the one-row tile ran there with one 64 KB row in flight an SM.
-    Measured at 8cc053c (BENCHMARKS.md session 24): two same-phase FP32 rows of 16385 with w
-    realigned took 76.6 / 76.1 us against 81.0 / 80.3 (TUNED has it; 16 bytes of spills); every
-    16-bit case and FP32 rows of 4097 and 8193 lost (FP16 2048x16385 46.2 us at best against 39.1)."""
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: SPLIT rows tiles of
+    2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
+    without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
+    against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
+    registers); a SPLIT tile of two consecutive rows needs two w tiles (their phases differ) and
+    spills, so the one-row tile ran there with one 64 KB row in flight an SM. Measured at 8cc053c
+    (BENCHMARKS.md session 24): two same-phase FP32 rows of 16385 with w realigned took 76.6 / 76.1 us
+    against 81.0 / 80.3 (TUNED has it; 16 bytes of spills); every 16-bit case and FP32 rows of 4097
+    and 8193 lost (FP16 2048x16385 46.2 us at best against 39.1)."""
     if layout != SPLIT or row_block(N, element_size, layout) < 4096:
         return []
     block = row_block(N, element_size, layout)
@@ -339,6 +313,10 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     - long 16-bit rows, segments with x16 (``_x16_segments``): SEG=16384 over 4 warps won FP16
       2048x114688 (267.0 us, 3.52 TB/s, against chunked's 300.6) and tied 2048x65536 (156.6 against
       157.3), so TUNED takes it for the former only.
+    - one-row SPLIT tiles taken phase by phase (rows 0, V, 2V, ..., then 1, V+1, ...), so that the
+      CTAs resident together read one w copy (c1ea665, reverted): 5-12 % slower than row order on
+      every SPLIT case of the suite, with w by copies, realigned or scalar (FP16 2048x16385 43.8 us
+      against 39.1, FP32 8192x4097 72.1 against 67.3): x's concurrent reads spread V times wider.
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
@@ -405,8 +383,7 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
-                "SAME_PHASE": config.same_phase and layout == SPLIT,
-                "PHASE_MAJOR": config.phase_major and layout == SPLIT} if config.kernel == "rows" else {}),
+                "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -520,19 +497,14 @@ def compile_specs():
     add("fp32", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
     add("fp16", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
     add("bf16", SPLIT, Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True), 16385)
-    # one-row tiles phase by phase (sweep.py --new)
-    add("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, phase_major=True), 16385)
-    add("bf16", SPLIT, Config("rows", 8192, 1, 4, row_edges=True, w_realign=True, phase_major=True), 8193)
-    add("fp32", SPLIT, Config("rows", 4096, 1, 4, row_edges=True, phase_major=True), 4097)
     for dtype in ("fp16", "fp32"):
         for pdl in (False, True):
             specs.append(_shift_weight_spec(dtype, pdl))
     return specs
 
 
-# Elements of w per program of the shifted-copies kernel (each writes them to all V copies).
-# 256 and one load per program measured the same as 1024 and V load-store round trips
-# (BENCHMARKS.md session 25): the copies' cost is not their latency.
+# Elements of w per program of the shifted-copies kernel (each writes them to all V copies):
+# small, so the copies of a row of 16385 spread over 65 programs and finish in one round trip.
 SHIFT_BLOCK = 256
 
 
@@ -649,13 +621,6 @@ def interpreter_checks():
                              ("bf16", 19, 203, Config("rows", 256, 4, 4, row_edges=True, same_phase=True)),
                              ("fp32", 9, 203, Config("rows", 256, 2, 4, w_shift=True, row_edges=True, pdl=True, same_phase=True))):
         cases.append((f"rows-same-phase[{dtype},M={M},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
-    # phase_major: one-row tiles phase by phase (M below, at and above a multiple of V), w each way
-    for dtype, M, N, cfg in (("fp16", 23, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_shift=True, phase_major=True)),
-                             ("bf16", 5, 203, Config("rows", 256, 1, 4, row_edges=True, w_realign=True, phase_major=True)),
-                             ("fp32", 8, 203, Config("rows", 256, 1, 4, row_edges=True, phase_major=True)),
-                             ("fp32", 11, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_shift=True, pdl=True,
-                                                       phase_major=True))):
-        cases.append((f"rows-phase-major[{dtype},M={M},N={N}]", (dtype, M, N, True, cfg)))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
                   ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",

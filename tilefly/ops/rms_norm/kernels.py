@@ -289,30 +289,14 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-                         SAME_PHASE: tl.constexpr, PHASE_MAJOR: tl.constexpr):
+                         SAME_PHASE: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
                        W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False)
     else:
-        tile = tl.program_id(0)
-        if PHASE_MAJOR:
-            tile = _phase_major_row(tile, M, V)
-        _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT,
+        _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
                    HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE)
-
-
-@triton.jit
-def _phase_major_row(t, M, V: tl.constexpr):
-    """Program t's row when programs take rows phase by phase: rows 0, V, 2V, ..., then 1, V+1, ...
-    With M = a*V + b, phases below b hold a + 1 rows, the others a."""
-    a = M // V
-    first = (M % V) * (a + 1)
-    in_first = t < first
-    per = tl.where(in_first, a + 1, tl.maximum(a, 1))
-    u = tl.where(in_first, t, t - first)
-    phase = tl.where(in_first, 0, M % V) + u // per
-    return phase + V * (u % per)
 
 
 @triton.jit
