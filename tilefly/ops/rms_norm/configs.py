@@ -316,7 +316,7 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     - one-row SPLIT tiles taken phase by phase (rows 0, V, 2V, ..., then 1, V+1, ...), so that the
       CTAs resident together read one w copy (c1ea665, reverted): 5-12 % slower than row order on
       every SPLIT case of the suite, with w by copies, realigned or scalar (FP16 2048x16385 43.8 us
-      against 39.1, FP32 8192x4097 72.1 against 67.3): x's concurrent reads spread V times wider.
+      against 39.1, FP32 8192x4097 72.1 against 67.3): likely because x's concurrent reads spread V times wider.
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
