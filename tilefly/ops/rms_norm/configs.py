@@ -316,7 +316,8 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     - one-row SPLIT tiles taken phase by phase (rows 0, V, 2V, ..., then 1, V+1, ...), so that the
       CTAs resident together read one w copy (c1ea665, reverted): 5-12 % slower than row order on
       every SPLIT case of the suite, with w by copies, realigned or scalar (FP16 2048x16385 43.8 us
-      against 39.1, FP32 8192x4097 72.1 against 67.3): likely because x's concurrent reads spread V times wider.
+      against 39.1, FP32 8192x4097 72.1 against 67.3), likely because x's concurrent reads spread
+      V times wider;
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
@@ -503,8 +504,9 @@ def compile_specs():
     return specs
 
 
-# Elements of w per program of the shifted-copies kernel (each writes them to all V copies):
-# small, so the copies of a row of 16385 spread over 65 programs and finish in one round trip.
+# Elements of w per program of the shifted-copies kernel (each writes them to all V copies).
+# 256 (65 programs for rows of 16385, one load each) measured the same as 1024 with V load-store
+# round trips (BENCHMARKS.md session 25): the copies' cost is not their latency.
 SHIFT_BLOCK = 256
 
 

@@ -269,10 +269,10 @@ def rms_norm_shift_weight_kernel(W, WS, N, BLOCK: tl.constexpr, V: tl.constexpr,
     """WS[k * NP + j] = w[k + j] (0 past the row) for k < V, NP = N rounded up to V: the shifted
     copies W_SHIFT reads. Grid: cdiv(NP, BLOCK) programs, each writing column block j of every
     copy from one [V, BLOCK] load (scalar for odd k; the lines are shared, so L1 serves most).
-    Why one 2-D load: written copy by copy, each load waits behind the previous copy's store
-    (WS may alias W for all Triton knows), V round trips to a memory system busy with the
-    dependent kernel's x stream. PDL: the dependent kernel is let go only after the load is
-    issued, so w's request enters the memory system ahead of that stream."""
+    One 2-D load rather than copy by copy, where each load waits behind the previous copy's store
+    (WS may alias W for all Triton knows): one round trip instead of V. On the H200 both measured
+    the same (BENCHMARKS.md session 25), so the copies' cost is not this kernel's latency. PDL: the
+    dependent kernel is let go once the load is issued."""
     NP = (N + V - 1) // V * V
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, V)
