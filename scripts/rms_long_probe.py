@@ -17,8 +17,7 @@ from tilefly import _device
 from tilefly.bench.timing import QUICK, measure
 from tilefly.ops.rms_norm import configs, launcher
 from tilefly.ops.rms_norm.configs import Config
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from tilefly.ops.rms_norm.sweep import DTYPES
 
 
 def balanced(M: int, programs: int) -> int:
@@ -33,7 +32,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     dtype, M, N = DTYPES[args.dtype], args.m, args.n
-    size = torch.tensor([], dtype=dtype).element_size()
+    size = dtype.itemsize
     x = torch.randn(M, N, device="cuda").to(dtype)
     w = (torch.rand(N, device="cuda") + 0.5).to(dtype)
     y, rstd = torch.empty_like(x), torch.empty(M, 1, device="cuda")

@@ -13,8 +13,7 @@ import torch
 
 from tilefly.bench.timing import QUICK, measure
 from tilefly.ops.rms_norm import configs, launcher
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from tilefly.ops.rms_norm.sweep import DTYPES
 
 
 def main() -> None:
@@ -25,7 +24,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     dtype, M, N = DTYPES[args.dtype], args.m, args.n
-    size = torch.tensor([], dtype=dtype).element_size()
+    size = dtype.itemsize
     x = torch.randn(M, N, device="cuda").to(dtype)
     xa = torch.randn(M, N - 1, device="cuda").to(dtype)
     w, wa = (torch.rand(N, device="cuda") + 0.5).to(dtype), (torch.rand(N - 1, device="cuda") + 0.5).to(dtype)
