@@ -22,7 +22,7 @@ def test_tiny_compiled_ab_agrees(precision):
     is about."""
     mx = precision != "bf16"
     record = ab.run_ab("tiny", precision, [8], input_len=32, output_len=16, device="cuda",
-                       compile_mode="max-autotune", compare_steps=4, compile_prefill=not mx)
+                       compile_mode="max-autotune", compare_steps=4, compile_prefill=not mx, profile_steps=4)
     for row in record["rows"]:
         for side in ("A", "B"):
             assert "error" not in row[side], row[side]
@@ -31,6 +31,13 @@ def test_tiny_compiled_ab_agrees(precision):
             assert row[side]["graphs"] == (1 if mx else 2), row[side]
         assert row["agreement"]["ok"], row["agreement"]
         assert row["A"]["compile_s"] > 0 and row["B"]["tok_s"] > 0
+        for side in ("A", "B"):  # the decode profile saw the graph's kernels
+            prof = row[side]["profile"]
+            assert prof["steps"] == 4 and prof["kernels_per_step"] >= 1, prof
+            assert 0 < prof["busy_us_per_step"] < prof["wall_us_per_step"], prof
+        if mx:  # B's MX layers run tilefly's kernels, A's do not
+            assert any(f["family"] == "tilefly GEMM" for f in row["B"]["profile"]["families"]), row["B"]["profile"]
+            assert not any(f["family"] == "tilefly GEMM" for f in row["A"]["profile"]["families"])
 
 
 @pytest.mark.cuda

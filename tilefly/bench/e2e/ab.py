@@ -29,6 +29,7 @@ import torch
 
 from tilefly import ops
 from tilefly.bench.e2e import engine, models, picks, split
+from tilefly.bench.e2e import profile as e2e_profile
 from tilefly.bench.runner import short
 
 DEFAULT_CONCURRENCIES = (8, 16, 32, 64, 128, 256)
@@ -113,11 +114,12 @@ def _compile_counters() -> dict[str, int]:
 
 
 def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, compile_mode: str | None,
-             runs: int, capture: int, compile_prefill: bool = True, code_path: str | None = None
-             ) -> tuple[dict[str, Any], engine.Generation, engine.Generation]:
+             runs: int, capture: int, compile_prefill: bool = True, code_path: str | None = None,
+             profile_steps: int = 0) -> tuple[dict[str, Any], engine.Generation, engine.Generation]:
     """(metrics, the fastest timed generation, the capturing warm-up generation) of one side;
     ``code_path``: where to write Inductor's generated wrapper code of its graphs (which kernel
-    each GEMM call site got)."""
+    each GEMM call site got); ``profile_steps`` > 0: after the timed runs, profile that many
+    decode steps (metrics["profile"], see profile.py)."""
     batch, input_len = prompts.shape
     compiled = compile_mode is not None
     if compiled:
@@ -130,6 +132,7 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
             warm = eng.generate(prompts, steps=min(output_len, max(engine.WARM_STEPS, capture)), capture=capture)
         compile_stats = {k: v - before[k] for k, v in _compile_counters().items()}
         timed = [eng.generate(prompts) for _ in range(max(1, runs))]
+        profile = e2e_profile.profile_decode(eng, prompts, profile_steps) if profile_steps > 0 else None
     best = min(timed, key=lambda g: g.total_s)
     metrics = phase_metrics(best, batch)
     metrics["compile_s"] = warm.total_s
@@ -140,6 +143,8 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
             with open(code_path, "w", encoding="utf-8") as f:
                 f.write("\n\n".join(codes))
     metrics["runs"] = len(timed)
+    if profile is not None:
+        metrics["profile"] = profile
     return metrics, best, warm
 
 
@@ -147,10 +152,11 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
            output_len: int = 512, device: str = "cuda", compile_mode: str | None = "max-autotune",
            runs: int = 1, compare_steps: int = 4, tol: float = 0.05, seed: int = 0,
            sides: tuple[Side, ...] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
-           compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None) -> dict[str, Any]:
+           compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None,
+           profile_steps: int = 0) -> dict[str, Any]:
     """Run A and B (or the one side in ``sides``) at each concurrency; returns the run's JSON-ready
     record (see report.py). ``code_dir``: keep each side's generated wrapper code there, one file
-    per concurrency."""
+    per concurrency; ``profile_steps``: see ``run_side``."""
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed)
     swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend)
     weights_sha = split.weights_sha(model)
@@ -167,11 +173,13 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
                 code_path = None if code_dir is None else os.path.join(
                     code_dir, f"code_{model_name}_{precision}_c{batch}_{side.name}.py")
                 metrics, best, warm = run_side(model, cache, side, prompts, output_len, compile_mode, runs,
-                                               compare_steps, compile_prefill, code_path)
+                                               compare_steps, compile_prefill, code_path, profile_steps)
                 row[side.name] = metrics
                 outs[side.name] = (best, warm)
                 print(f"[e2e]   {side.name}: {metrics['tok_s']:.1f} tok/s, TPOT {metrics['tpot_ms']:.3f} ms, "
                       f"compile {metrics['compile_s']:.1f} s", file=log, flush=True)
+                if "profile" in metrics:
+                    print(f"[e2e]   {side.name}: {e2e_profile.describe(metrics['profile'])}", file=log, flush=True)
             except Exception as exc:  # noqa: BLE001 - one side failing is a result; the other still runs
                 traceback.print_exc(file=log)
                 row[side.name] = {"error": short(exc, limit=300)}

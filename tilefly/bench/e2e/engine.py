@@ -125,16 +125,23 @@ class Engine:
             _sync(self.device)
             prefill_done = time.perf_counter()
             for i in range(1, steps):
-                if self.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                nxt, logits = self._decode(self.model, self.cache, self._ids)
+                nxt, logits = self.decode_once()
                 tokens[:, i] = nxt[:, 0]
-                self._ids.copy_(nxt)  # read the graph's output before the next replay overwrites it
                 if i < capture:
                     captured.append(logits.float().cpu())
             _sync(self.device)
         end = time.perf_counter()
         return Generation(tokens, prefill_done - start, end - prefill_done, captured)
+
+
+    def decode_once(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step from the cache's current position, feeding the last token back (call
+        under inference mode, after ``generate`` has prefilled)."""
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        nxt, logits = self._decode(self.model, self.cache, self._ids)
+        self._ids.copy_(nxt)  # read the graph's output before the next replay overwrites it
+        return nxt, logits
 
 
 def reference_generate(model: torch.nn.Module, prompts: torch.Tensor,

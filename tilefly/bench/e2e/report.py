@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from tilefly.bench.e2e import profile as e2e_profile
 from tilefly.bench.e2e import split
 from tilefly.bench.report import _short_commit, num, times
 
@@ -128,6 +129,11 @@ def markdown(merged: dict[str, Any]) -> str:
                   f"cache; compile mode {run.get('compile_mode')}; tok/s = output tokens / (prefill + decode), "
                   f"best of {run.get('runs', 1)} run(s); compile and autotuning excluded (column compile){mx_note}.",
                   "", *run_table(run, _bf16_b(merged, run))]
+        profiled = [(row["concurrency"], side, row[side]["profile"]) for row in run["rows"]
+                    for side in ("A", "B") if "profile" in row.get(side, {})]
+        if profiled:
+            lines += [""] + [f"- decode profile, {n} requests, side {side}: {e2e_profile.describe(table)}"
+                             for n, side, table in profiled]
         if any(row.get("split") for row in run["rows"]):
             lines += ["", f"*separate runs*: A and B ran in separate processes (`--side`); their logits are "
                       f"compared on the top {split.TOPK} of every request and all of request 0's at step "

@@ -48,8 +48,8 @@ class Config:
     pdl: bool = False          # rows kernel with w_shift: launched as a programmatic dependent of
                                # the copies' kernel, waiting for them only before reading w (W_PDL)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
-    x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
-                               # (X16, kernels.py)
+    x16: bool = False          # rows and segments kernels, 16-bit x: keep x as loaded across the
+                               # row reduction or sync (X16, kernels.py)
     persistent: bool = False   # rows kernel: programs_per_sm programs an SM loop over the row
                                # tiles, the next tiles' loads pipelined `stages` deep through
                                # shared memory (PERSISTENT, kernels.py)
@@ -187,8 +187,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
-        raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
+    if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
+        raise ValueError(f"{config}: x16 is for 16-bit x in the rows or segments kernel (without reload)")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -241,10 +241,17 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     spills, so the one-row tile ran there with one 64 KB row in flight an SM. Measured at 8cc053c
     (BENCHMARKS.md session 24): two same-phase FP32 rows of 16385 with w realigned took 76.6 / 76.1 us
     against 81.0 / 80.3 (TUNED has it; 16 bytes of spills); every 16-bit case and FP32 rows of 4097
-    and 8193 lost (FP16 2048x16385 46.2 us at best against 39.1)."""
-    if layout != SPLIT or row_block(N, element_size, layout) < 4096:
-        return []
+    and 8193 lost (FP16 2048x16385 46.2 us at best against 39.1).
+    Also ALIGNED 16-bit rows of 32768-65536 as one rows tile with x16 (x kept 16-bit across the
+    row reduction): FP16 rows of 65536 (128 KB) stop at 3.43 TB/s in chunked or segments, while
+    FP32 rows of the same 128 KB reach 3.9 as one 32-warp rows tile (32 values a thread, 61
+    registers). With x16 the 16-bit tile holds 64 values a thread in 32 registers: on sm_90a it
+    compiles with 56 bytes of spills at 32 warps and 8 at 16 (128 values a thread)."""
     block = row_block(N, element_size, layout)
+    if layout == ALIGNED and element_size == 2 and block in (32768, 65536):
+        return [Config("rows", block, 1, warps, x16=True) for warps in (16, 32)]
+    if layout != SPLIT or block < 4096:
+        return []
     out = []
     for rows in (2, 4):
         for warps in (8, 16, 32):
@@ -385,7 +392,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
                 "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
-            **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
+            **({"RELOAD": config.reload} if config.kernel == "segments" else {}),
+            **({"X16": config.x16} if config.kernel != "chunked" else {})}
 
 
 def uses_w_shift(config: Config, layout: str, has_w: bool) -> bool:

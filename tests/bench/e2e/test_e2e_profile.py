@@ -1,0 +1,49 @@
+"""The decode profile's aggregation (per-step kernel time by name and family) and its report line."""
+import pytest
+
+from tilefly.bench.e2e import profile, report
+
+
+def test_families_of_known_kernel_names():
+    assert profile.family("mx_gemm_v2_kernel") == "tilefly GEMM"
+    assert profile.family("gemm_splitk_kernel") == "tilefly GEMM"
+    assert profile.family("rms_norm_rows_kernel") == "tilefly other"
+    assert profile.family("nvjet_sm90_tst_128x64_64x8_2x1_v_bz_TNT") == "cuBLAS / CUTLASS GEMM"
+    assert profile.family("triton_tem_fused_mm_0") == "Triton template (Inductor)"
+    assert profile.family("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3") == "Triton fused (Inductor)"
+    assert profile.family("void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert profile.family("Memset (Device)") == "copy / fill"
+    assert profile.family("some_unknown_thing") == "other"
+
+
+def test_kernel_table_sums_per_name_and_divides_by_steps():
+    records = [("mx_gemm_v2_kernel", 400.0, 8), ("mx_gemm_v2_kernel", 200.0, 8),
+               ("triton_poi_fused_add_0", 100.0, 16), ("nvjet_x", 50.0, 4), ("odd", 10.0, 4)]
+    table = profile.kernel_table(records, steps=4, top=2)
+    assert table["steps"] == 4
+    assert table["busy_us_per_step"] == pytest.approx(760.0 / 4)
+    assert table["kernels_per_step"] == pytest.approx(40 / 4)
+    assert [t["name"] for t in table["top"]] == ["mx_gemm_v2_kernel", "triton_poi_fused_add_0"]
+    assert table["top"][0] == {"name": "mx_gemm_v2_kernel", "us_per_step": 150.0, "calls_per_step": 4.0}
+    fams = {f["family"]: f for f in table["families"]}
+    assert fams["tilefly GEMM"]["us_per_step"] == pytest.approx(150.0)
+    assert fams["other"]["calls_per_step"] == pytest.approx(1.0)
+    assert table["families"][0]["family"] == "tilefly GEMM"  # largest first
+    assert sum(f["us_per_step"] for f in table["families"]) == pytest.approx(table["busy_us_per_step"])
+
+
+def test_kernel_table_refuses_no_steps():
+    with pytest.raises(ValueError, match="steps"):
+        profile.kernel_table([], steps=0)
+
+
+def test_markdown_shows_a_profiled_side():
+    table = profile.kernel_table([("mx_gemm_v2_kernel", 3000.0, 10), ("triton_poi_fused_0", 1000.0, 30)], steps=1)
+    table["wall_us_per_step"] = 4500.0
+    side = {"tok_s": 1000.0, "tpot_ms": 4.5, "ttft_ms": 50.0, "compile_s": 30.0, "profile": table}
+    run = {"kind": "tilefly-e2e", "schema": 1, "model": "llama-3.1-8b", "precision": "bf16", "input_len": 256,
+           "output_len": 512, "compile_mode": "max-autotune", "runs": 1, "date": "2026-12-01T00:00:00+00:00",
+           "rows": [{"concurrency": 8, "B": side}]}
+    text = report.markdown(report.merge([run]))
+    assert ("decode profile, 8 requests, side B: profiled step 4500 µs, GPU busy 4000 µs in 40 kernels: "
+            "tilefly GEMM 3000, Triton fused (Inductor) 1000") in text

@@ -1,0 +1,88 @@
+"""Where a decode step's GPU time goes: the kernels of a few compiled decode steps, by name.
+
+``--profile`` runs this after a side's timed generations: one prefill (untimed), then
+``steps`` decode steps under ``torch.profiler`` (CUDA activity only; kernels launched from a
+CUDA graph replay are recorded one by one). Kernel times are summed per name and divided by the
+step count; the table's families group the names (tilefly's GEMM kernels, other GEMMs, Inductor's
+Triton kernels, attention) so that the gap between the step time and the GPU-busy time shows
+what launch gaps and the host cost.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any, Iterable
+
+import torch
+
+# Family of a kernel name, the first pattern that matches (kernel names: tilefly's Gluon/Triton
+# functions, cuBLAS's nvjet/cutlass/xmma, Inductor's triton_poi/red/per/tem, FlashAttention's flash_*).
+FAMILIES = (
+    ("tilefly GEMM", re.compile(r"^(gemm_|mx_gemm|mx_upcast|mx_rescale|mx_requant|grouped_gemm)")),
+    ("tilefly other", re.compile(r"^(rms_norm_|topk_|attention_)")),
+    ("cuBLAS / CUTLASS GEMM", re.compile(r"nvjet|cutlass|xmma|gemm|gemv|splitKreduce", re.IGNORECASE)),
+    ("Triton template (Inductor)", re.compile(r"^triton_tem")),
+    ("Triton fused (Inductor)", re.compile(r"^triton_")),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)),
+    ("copy / fill", re.compile(r"^(Memcpy|Memset)|elementwise_kernel|vectorized_elementwise|copy", re.IGNORECASE)),
+)
+
+
+def family(name: str) -> str:
+    for label, pattern in FAMILIES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def kernel_table(kernels: Iterable[tuple[str, float, int]], steps: int, top: int = 25) -> dict[str, Any]:
+    """Per-step totals of ``(name, device µs, calls)`` records (one per name or per call) measured
+    over ``steps`` decode steps: the busiest ``top`` names and every family."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for name, us, calls in kernels:
+        by_name[name][0] += us
+        by_name[name][1] += calls
+    busy = sum(us for us, _ in by_name.values())
+    families: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for name, (us, calls) in by_name.items():
+        families[family(name)][0] += us
+        families[family(name)][1] += calls
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])
+    return {"steps": steps, "busy_us_per_step": busy / steps,
+            "kernels_per_step": sum(calls for _, calls in by_name.values()) / steps,
+            "families": [{"family": f, "us_per_step": us / steps, "calls_per_step": calls / steps}
+                         for f, (us, calls) in sorted(families.items(), key=lambda item: -item[1][0])],
+            "top": [{"name": name[:120], "us_per_step": us / steps, "calls_per_step": calls / steps}
+                    for name, (us, calls) in ranked[:top]]}
+
+
+def profile_decode(eng, prompts: torch.Tensor, steps: int = 16, top: int = 25) -> dict[str, Any]:
+    """``kernel_table`` of ``steps`` compiled decode steps of ``eng`` (an ``engine.Engine`` that has
+    already compiled and run), with the steps' wall time per step beside it."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = max(1, min(steps, eng.output_len - 1))
+    eng.generate(prompts, steps=1)  # reset the cache and prefill: the decode steps continue from here
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(steps):
+            eng.decode_once()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = [(e.name, e.device_time_total, e.count) for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    table = kernel_table(kernels, steps, top)
+    table["wall_us_per_step"] = wall / steps * 1e6  # profiled: a little above the timed TPOT
+    return table
+
+
+def describe(table: dict[str, Any], families: int = 6) -> str:
+    """One line: wall and GPU-busy time per step and the largest families."""
+    parts = [f"{f['family']} {f['us_per_step']:.0f}" for f in table["families"][:families]]
+    return (f"profiled step {table['wall_us_per_step']:.0f} µs, GPU busy {table['busy_us_per_step']:.0f} µs "
+            f"in {table['kernels_per_step']:.0f} kernels: " + ", ".join(parts))
