@@ -47,3 +47,19 @@ def test_markdown_shows_a_profiled_side():
     text = report.markdown(report.merge([run]))
     assert ("decode profile, 8 requests, side B: profiled step 4500 µs, GPU busy 4000 µs in 40 kernels: "
             "tilefly GEMM 3000, Triton fused (Inductor) 1000") in text
+
+
+def test_profile_decode_runs_on_a_cpu_model():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tilefly.bench.e2e import engine, models
+
+    model = models.build_model("tiny", dtype=torch.float32, device="cpu", seed=0)
+    cache = engine.new_cache(model, 2, 8 + 6)
+    eng = engine.Engine(model, cache, 2, 8, 6)
+    prompts = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    table = profile.profile_decode(eng, prompts, steps=20)
+    assert table["steps"] == 5  # capped at the decode steps a generation has
+    assert table["busy_us_per_step"] == 0 and table["top"] == [] and table["wall_us_per_step"] > 0
+    # the profiled steps continued from the prefill: the cache holds prompt + 5 tokens
+    assert int(cache.layers[0].cumulative_length) == 8 + 5

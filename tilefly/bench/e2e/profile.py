@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: the kernels of a few compiled decode steps, by name.
 
 ``--profile`` runs this after a side's timed generations: one prefill (untimed), then
-``steps`` decode steps under ``torch.profiler`` (CUDA activity only; kernels launched from a
+``steps`` decode steps under ``torch.profiler`` (kernels launched from a
 CUDA graph replay are recorded one by one). Kernel times are summed per name and divided by the
 step count; the table's families group the names (tilefly's GEMM kernels, other GEMMs, Inductor's
 Triton kernels, attention) so that the gap between the step time and the GPU-busy time shows
@@ -59,22 +59,25 @@ def kernel_table(kernels: Iterable[tuple[str, float, int]], steps: int, top: int
 
 
 def profile_decode(eng, prompts: torch.Tensor, steps: int = 16, top: int = 25) -> dict[str, Any]:
-    """``kernel_table`` of ``steps`` compiled decode steps of ``eng`` (an ``engine.Engine`` that has
-    already compiled and run), with the steps' wall time per step beside it."""
+    """``kernel_table`` of ``steps`` decode steps of ``eng`` (an ``engine.Engine`` that has already
+    compiled and run), with the steps' wall time per step beside it. On a CPU model the table
+    is empty (no kernels): the CPU tests run the path, not the numbers."""
     import time
 
     from torch.profiler import ProfilerActivity, profile
 
+    from tilefly.bench.e2e.engine import _sync
+
     steps = max(1, min(steps, eng.output_len - 1))
     eng.generate(prompts, steps=1)  # reset the cache and prefill: the decode steps continue from here
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.inference_mode():
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
+    with profile(activities=activities) as prof, torch.inference_mode():
         start = time.perf_counter()
         for _ in range(steps):
             eng.decode_once()
-        torch.cuda.synchronize()
+        _sync(eng.device)
         wall = time.perf_counter() - start
-    kernels = [(e.name, e.device_time_total, e.count) for e in prof.key_averages()
+    kernels = [(e.key, e.device_time_total, e.count) for e in prof.key_averages()
                if e.device_type == torch.autograd.DeviceType.CUDA]
     table = kernel_table(kernels, steps, top)
     table["wall_us_per_step"] = wall / steps * 1e6  # profiled: a little above the timed TPOT
