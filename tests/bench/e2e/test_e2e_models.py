@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tilefly.bench.e2e import models  # noqa: E402
+from tilefly.bench.e2e import attention, engine, models  # noqa: E402
 
 
 @pytest.mark.parametrize("name, cls, expected", [
@@ -21,7 +21,8 @@ def test_big_model_configs(name, cls, expected):
     for key, value in expected.items():
         assert getattr(config, key) == value, key
     assert config.tie_word_embeddings is False
-    assert config._attn_implementation == "sdpa"
+    assert config._attn_implementation == attention.GROUPED
+    assert models.hf_config(name, attention="hf")._attn_implementation == "sdpa"
 
 
 def test_rope_parameters():
@@ -67,3 +68,45 @@ def test_bf16_precision_swaps_nothing():
     assert models.apply_precision(model, "bf16") == []
     with pytest.raises(ValueError, match="precision"):
         models.apply_precision(model, "fp8")
+
+
+def test_unknown_attention_is_refused():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        models.hf_config("tiny", attention="flash")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_grouped_decode_attention_matches_transformers(batch):
+    """Same weights, same prompts: the grouped decode steps give transformers' logits and tokens
+    (prefill takes the same path in both)."""
+    prompts = torch.randint(0, 256, (batch, 12), generator=torch.Generator().manual_seed(batch))
+    outs = {}
+    for name in ("grouped", "hf"):
+        model = models.build_model("tiny", dtype=torch.float32, seed=3, attention=name)
+        assert model.config.num_attention_heads // model.config.num_key_value_heads == 2  # grouped-query
+        eng = engine.Engine(model, engine.new_cache(model, batch, 12 + 6), batch, 12, 6)
+        outs[name] = eng.generate(prompts, capture=6)
+    assert torch.equal(outs["grouped"].tokens, outs["hf"].tokens)
+    for got, want in zip(outs["grouped"].logits, outs["hf"].logits):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_decode_attention_groups_query_heads_by_kv_head():
+    """Query head h reads KV head h // G: make every KV head's values distinct and check each
+    query head's output."""
+    class Module(torch.nn.Module):
+        num_key_value_groups = 3
+
+    batch, kv_heads, length, dim = 2, 2, 5, 4
+    query = torch.randn(batch, kv_heads * 3, 1, dim)
+    key = torch.randn(batch, kv_heads, length, dim)
+    value = torch.arange(kv_heads, dtype=torch.float32).view(1, kv_heads, 1, 1).expand(batch, kv_heads, length, dim)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    mask[:, :, :, -2:] = False
+    out, weights = attention.grouped_decode_sdpa(Module().eval(), query, key, value.contiguous(), mask)
+    assert weights is None and out.shape == (batch, 1, kv_heads * 3, dim)
+    for h in range(kv_heads * 3):
+        torch.testing.assert_close(out[:, 0, h], torch.full((batch, dim), float(h // 3)))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask)
+    torch.testing.assert_close(out, ref.transpose(1, 2))

@@ -113,6 +113,15 @@ def test_runs_of_other_lengths_or_modes_stay_apart(parts):
     assert sorted(r["output_len"] for r in merged["runs"]) == [64, 512]
 
 
+def test_runs_of_other_attention_stay_apart(parts):
+    first, second, _ = parts
+    second["attention"] = "grouped"  # first has no key: recorded before the option, transformers' path
+    merged = report.merge([first, second])
+    assert sorted(report.attention(r) for r in merged["runs"]) == ["grouped", "hf"]
+    md = report.markdown(merged)
+    assert "### llama-3.1-8b · bf16 · hf attention" in md and "### llama-3.1-8b · bf16 · grouped attention" in md
+
+
 def test_cudagraph_skips_are_flagged(parts):
     first = parts[0]
     first["rows"][1]["B"]["cudagraph_skips"] = 2

@@ -81,7 +81,8 @@ def test_side_files_hold_the_environment_and_stay_small(runs):
     assert len(json.dumps(check)) < 400_000
 
 
-@pytest.mark.parametrize("field, value", [("weights_sha", "0" * 16), ("input_len", 9), ("torch", "2.99.0")])
+@pytest.mark.parametrize("field, value", [("weights_sha", "0" * 16), ("input_len", 9), ("torch", "2.99.0"),
+                                          ("attention", "hf")])
 def test_a_mismatched_pair_is_refused(runs, tmp_path, capsys, field, value):
     _, a, b = runs
     data = json.loads(b.read_text())

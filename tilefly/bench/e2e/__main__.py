@@ -70,6 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--save-code", action="store_true",
                    help="also write each side's Inductor wrapper code (which kernel every GEMM got) into --out")
+    p.add_argument("--attention", choices=("grouped", "hf"), default="grouped",
+                   help="decode attention of both sides: grouped (KV cache read uncopied, as a serving engine "
+                        "does) or hf (transformers' SDPA path, which copies K and V per query head)")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="after each side's timed runs, profile STEPS decode steps: GPU time per kernel "
                         "and family (CUDA only)")
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
                     compile_mode=None if args.eager else "max-autotune", runs=args.runs,
                     compare_steps=args.compare_steps, tol=args.tol, seed=args.seed,
                     compile_prefill=not args.eager_prefill,
-                    sides=sides, code_dir=args.out if args.save_code else None, profile_steps=args.profile)
+                    sides=sides, code_dir=args.out if args.save_code else None, profile_steps=args.profile,
+                    attention=args.attention)
     record.update(env)
     name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"
     name += "" if args.side == "both" else f"_{args.side}"

@@ -57,8 +57,13 @@ def spec(name: str) -> ModelSpec:
     return MODELS[name]
 
 
-def hf_config(name: str):
-    """The transformers config (LlamaConfig / Qwen3Config) of model ``name``, SDPA attention."""
+def hf_config(name: str, attention: str = "grouped"):
+    """The transformers config (LlamaConfig / Qwen3Config) of model ``name``; ``attention``: a key
+    of ``attention.ATTENTION`` (SDPA either way; "grouped" reads the KV cache uncopied in decode steps)."""
+    from tilefly.bench.e2e.attention import ATTENTION, GROUPED, register
+
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {tuple(ATTENTION)}, got {attention!r}")
     s = spec(name)
     rope = {"rope_type": "default", "rope_theta": s.rope_theta, **s.rope_extra}
     common = dict(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
@@ -74,18 +79,20 @@ def hf_config(name: str):
         from transformers import Qwen3Config
 
         config = Qwen3Config(**common, use_sliding_window=False, sliding_window=None)
-    config._attn_implementation = "sdpa"
+    if ATTENTION[attention] == GROUPED:
+        register()
+    config._attn_implementation = ATTENTION[attention]
     return config
 
 
 def build_model(name: str, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                seed: int = 0) -> torch.nn.Module:
+                seed: int = 0, attention: str = "grouped") -> torch.nn.Module:
     """Model ``name`` with seeded random weights, built directly on ``device``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config(name), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf_config(name, attention), dtype=dtype)
     return model.eval().requires_grad_(False)
 
 

@@ -36,7 +36,7 @@ TOPK = 16
 FULL_STEP = 1
 SIDES = ("A", "B")
 # a pair must agree on these run fields (and on prompts_sha per row) or the merge refuses it
-MUST_MATCH = ("weights_sha", "input_len", "output_len", "torch", "gpu", "compile_mode", "dtype")
+MUST_MATCH = ("weights_sha", "input_len", "output_len", "torch", "gpu", "compile_mode", "dtype", "attention")
 
 
 def _bytes(t: torch.Tensor) -> bytes:
