@@ -416,8 +416,7 @@ def test_x16_constexprs_and_name():
 @pytest.mark.parametrize("cfg, N, size, layout", [
     (Config("segments", 16384, x16=True), 65536, 4, ALIGNED),             # FP32 x
     (Config("segments", 16384, x16=True, reload=True), 65536, 2, ALIGNED),
-    (Config("rows", 4096, x16=True), 4096, 4, ALIGNED),                   # FP32 x
-    (Config("chunked", 8192, x16=True), 65536, 2, ALIGNED),
+    (Config("rows", 4096, x16=True), 4096, 2, ALIGNED),
 ])
 def test_validate_rejects_x16_configs_that_cannot_serve(cfg, N, size, layout):
     with pytest.raises(ValueError, match="x16"):

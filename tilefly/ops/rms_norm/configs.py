@@ -48,8 +48,8 @@ class Config:
     pdl: bool = False          # rows kernel with w_shift: launched as a programmatic dependent of
                                # the copies' kernel, waiting for them only before reading w (W_PDL)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
-    x16: bool = False          # rows and segments kernels, 16-bit x: keep x as loaded across the
-                               # row reduction or sync (X16, kernels.py)
+    x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
+                               # (X16, kernels.py)
     persistent: bool = False   # rows kernel: programs_per_sm programs an SM loop over the row
                                # tiles, the next tiles' loads pipelined `stages` deep through
                                # shared memory (PERSISTENT, kernels.py)
@@ -187,8 +187,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
-        raise ValueError(f"{config}: x16 is for 16-bit x in the rows or segments kernel (without reload)")
+    if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
+        raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -241,17 +241,10 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     spills, so the one-row tile ran there with one 64 KB row in flight an SM. Measured at 8cc053c
     (BENCHMARKS.md session 24): two same-phase FP32 rows of 16385 with w realigned took 76.6 / 76.1 us
     against 81.0 / 80.3 (TUNED has it; 16 bytes of spills); every 16-bit case and FP32 rows of 4097
-    and 8193 lost (FP16 2048x16385 46.2 us at best against 39.1).
-    Also ALIGNED 16-bit rows of 32768-65536 as one rows tile with x16 (x kept 16-bit across the
-    row reduction): FP16 rows of 65536 (128 KB) stop at 3.43 TB/s in chunked or segments, while
-    FP32 rows of the same 128 KB reach 3.9 as one 32-warp rows tile (32 values a thread, 61
-    registers). With x16 the 16-bit tile holds 64 values a thread in 32 registers: on sm_90a it
-    compiles with 56 bytes of spills at 32 warps and 8 at 16 (128 values a thread)."""
-    block = row_block(N, element_size, layout)
-    if layout == ALIGNED and element_size == 2 and block in (32768, 65536):
-        return [Config("rows", block, 1, warps, x16=True) for warps in (16, 32)]
-    if layout != SPLIT or block < 4096:
+    and 8193 lost (FP16 2048x16385 46.2 us at best against 39.1)."""
+    if layout != SPLIT or row_block(N, element_size, layout) < 4096:
         return []
+    block = row_block(N, element_size, layout)
     out = []
     for rows in (2, 4):
         for warps in (8, 16, 32):
@@ -325,6 +318,11 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       every SPLIT case of the suite, with w by copies, realigned or scalar (FP16 2048x16385 43.8 us
       against 39.1, FP32 8192x4097 72.1 against 67.3), likely because x's concurrent reads spread
       V times wider;
+    - ALIGNED FP16 rows of 65536 as one rows tile with x kept 16-bit across the row reduction
+      (e73eb9b, reverted): FP32 rows of the same 128 KB reach 3.9 TB/s as one 32-warp rows tile, so
+      the 16-bit tile held 64 values a thread in 32 registers (sm_90a: 56 bytes of spills at 32 warps,
+      8 at 16). 156.8 us (3.42 TB/s) at 16 warps against 157.8 for the shipped chunked tile, 169.5
+      at 32 warps: no gain, so neither the rows kernel nor the sweep keeps it;
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
@@ -392,8 +390,7 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
                 "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
-            **({"RELOAD": config.reload} if config.kernel == "segments" else {}),
-            **({"X16": config.x16} if config.kernel != "chunked" else {})}
+            **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
 def uses_w_shift(config: Config, layout: str, has_w: bool) -> bool:

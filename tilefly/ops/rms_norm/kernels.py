@@ -289,14 +289,14 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-                         SAME_PHASE: tl.constexpr, X16: tl.constexpr):
+                         SAME_PHASE: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, X16)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, X16)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE)
 
 
 @triton.jit
@@ -314,7 +314,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, X16: tl.constexpr):
+               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel."""
     rows = _tile_row(tile, tl.arange(0, ROWS), ROWS, V, SAME_PHASE)
     row_ok = rows < M
@@ -340,8 +340,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
         y_start = r64 * N
 
     mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
-    x_raw = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0)
-    x = x_raw.to(tl.float32)
+    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     sumsq = tl.sum(x * x, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -356,8 +355,6 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     rstd = tl.math.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
-    if X16:  # x kept as loaded across the row reduction, converted again now
-        x = keep_16_bit(x_raw, X16).to(tl.float32)
     y = x * rstd[:, None]
     if HAS_W:
         if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
