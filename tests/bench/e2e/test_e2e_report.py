@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tilefly.bench.e2e import report
+from tilefly.bench.e2e import report, split
 
 
 def _side(tok_s, tpot_ms=1.0):
@@ -117,7 +117,7 @@ def test_runs_of_other_attention_stay_apart(parts):
     first, second, _ = parts
     second["attention"] = "grouped"  # first has no key: recorded before the option, transformers' path
     merged = report.merge([first, second])
-    assert sorted(report.attention(r) for r in merged["runs"]) == ["grouped", "hf"]
+    assert sorted(split.attention(r) for r in merged["runs"]) == ["grouped", "hf"]
     md = report.markdown(merged)
     assert "### llama-3.1-8b · bf16 · hf attention" in md and "### llama-3.1-8b · bf16 · grouped attention" in md
 

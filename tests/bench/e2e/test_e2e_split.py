@@ -81,8 +81,7 @@ def test_side_files_hold_the_environment_and_stay_small(runs):
     assert len(json.dumps(check)) < 400_000
 
 
-@pytest.mark.parametrize("field, value", [("weights_sha", "0" * 16), ("input_len", 9), ("torch", "2.99.0"),
-                                          ("attention", "hf")])
+@pytest.mark.parametrize("field, value", [("weights_sha", "0" * 16), ("input_len", 9), ("torch", "2.99.0")])
 def test_a_mismatched_pair_is_refused(runs, tmp_path, capsys, field, value):
     _, a, b = runs
     data = json.loads(b.read_text())
@@ -101,6 +100,21 @@ def test_other_prompts_are_refused(runs, tmp_path):
     other = json.loads((tmp_path / "run_tiny_bf16_c3_B.json").read_text())
     with pytest.raises(ValueError, match="weights_sha .*prompts_sha"):
         report.merge([report.load(str(a)), other])
+
+
+def test_sides_of_other_attention_stay_unpaired(runs):
+    """A side-B run with transformers' attention does not pair with (or replace) the grouped
+    side B of the same concurrency: each attention gets its own table."""
+    _, a, b = runs
+    grouped_b = report.load(str(b))
+    hf_b = dict(report.load(str(b)))
+    hf_b.pop("attention")  # as recorded before the option existed
+    hf_b["date"] = "9999-01-01T00:00:00+00:00"  # later: it would have won a plain (model, precision) key
+    merged = report.merge([report.load(str(a)), grouped_b, hf_b])
+    by_attention = {split.attention(run): run for run in merged["runs"]}
+    assert sorted(by_attention) == ["grouped", "hf"]
+    assert all(row.get("agreement", {}).get("ok") for row in by_attention["grouped"]["rows"])
+    assert all("B only" in row["note"] for row in by_attention["hf"]["rows"])
 
 
 def test_an_unpaired_side_is_reported(runs, tmp_path):

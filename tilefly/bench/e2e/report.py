@@ -38,12 +38,7 @@ def _runs(data: dict[str, Any]) -> list[dict[str, Any]]:
 def _key(run: dict[str, Any]) -> tuple[Any, ...]:
     """Runs merge into one table only when they measured the same thing."""
     return (run["model"], run["precision"], run["input_len"], run["output_len"], run.get("compile_mode"),
-            attention(run))
-
-
-def attention(run: dict[str, Any]) -> str:
-    """The run's decode attention (runs recorded before the option existed used transformers' path)."""
-    return run.get("attention", "hf")
+            split.attention(run))
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -127,7 +122,7 @@ def markdown(merged: dict[str, Any]) -> str:
         sides = run.get("sides", {})
         mx_note = (f"; MX layers: A {sides.get('A', {}).get('mx_backend')}, B {sides.get('B', {}).get('mx_backend')}"
                    if run["precision"] != "bf16" else "")
-        lines += ["", f"### {run['model']} · {run['precision']} · {attention(run)} attention", "",
+        lines += ["", f"### {run['model']} · {run['precision']} · {split.attention(run)} attention", "",
                   f"GPU {run.get('gpu', '?')} · torch {run.get('torch', '?')} · transformers "
                   f"{run.get('transformers', '?')} · commit {_short_commit(run.get('commit', 'unknown'))} · "
                   f"{run.get('date', '?')}  ",

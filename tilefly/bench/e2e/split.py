@@ -36,7 +36,13 @@ TOPK = 16
 FULL_STEP = 1
 SIDES = ("A", "B")
 # a pair must agree on these run fields (and on prompts_sha per row) or the merge refuses it
-MUST_MATCH = ("weights_sha", "input_len", "output_len", "torch", "gpu", "compile_mode", "dtype", "attention")
+MUST_MATCH = ("weights_sha", "input_len", "output_len", "torch", "gpu", "compile_mode", "dtype")
+
+
+def attention(run: dict[str, Any]) -> str:
+    """The run's decode attention (runs recorded before the option existed used transformers' path).
+    Runs of different attention measure different things: they are never paired or merged."""
+    return run.get("attention", "hf")
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -193,7 +199,8 @@ def pair(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(run)
             continue
         for row in run["rows"]:
-            halves.setdefault((run["model"], run["precision"], row["concurrency"]), {})[run["side"]] = (run, row)
+            key = (run["model"], run["precision"], attention(run), row["concurrency"])
+            halves.setdefault(key, {})[run["side"]] = (run, row)
     for got in halves.values():
         if len(got) == 2:
             out.append(_pair(*got["A"], *got["B"]))
@@ -201,6 +208,6 @@ def pair(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         (side, (run, row)), = got.items()
         other = "B" if side == "A" else "A"
         alone = {k: v for k, v in row.items() if k != "check"}
-        alone["note"] = f"{side} only: no side-{other} run of this model, precision and concurrency merged"
+        alone["note"] = f"{side} only: no side-{other} run of this model, precision, attention and concurrency merged"
         out.append({**_run_meta(run), "rows": [alone]})
     return out
