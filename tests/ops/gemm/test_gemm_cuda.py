@@ -145,10 +145,12 @@ def test_splitk_is_deterministic_and_its_tickets_reset():
 def test_splitk_inside_a_cuda_graph():
     a, b = operands(16, 4096, 4096, "NT")
     out = torch.full((16, 4096), float("nan"), device="cuda", dtype=a.dtype)
-    run(SPLITK, a, b, out=out)                               # compile outside the capture
+    run(SPLITK, a, b, out=out)                               # compile outside the capture (and the arena)
+    used = launch._ticket_arenas[a.device.index][1]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         launch.run(SPLITK, a, b, out)
+    assert launch._ticket_arenas[a.device.index][1] > used  # the graph's tickets: a slice of the arena
     for _ in range(3):
         out.fill_(float("nan"))
         a.copy_(torch.randn_like(a))
@@ -157,12 +159,43 @@ def test_splitk_inside_a_cuda_graph():
         check(out, a, b)
 
 
+def test_captured_splitk_graphs_keep_their_own_tickets():
+    """Two graphs, each with split-K launches of its own arena slice (no fill kernel zeroes them):
+    replayed in turn, on the capturing stream and another, their tickets stay consistent."""
+    a, b = operands(16, 4096, 4096, "NT")
+    a2, b2 = operands(8, 8192, 4096, "NT")
+    out = torch.full((16, 4096), float("nan"), device="cuda", dtype=a.dtype)
+    out2 = torch.full((8, 8192), float("nan"), device="cuda", dtype=a.dtype)
+    run(SPLITK, a, b, out=out)
+    run(SPLITK, a2, b2, out=out2)
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    with torch.cuda.graph(graphs[0]):
+        launch.run(SPLITK, a, b, out)
+        launch.run(SPLITK, a, b, out)                        # two launches, one graph: two slices
+    with torch.cuda.graph(graphs[1]):
+        launch.run(SPLITK, a2, b2, out2)
+    side = torch.cuda.Stream()
+    for i in range(4):
+        out.fill_(float("nan"))
+        out2.fill_(float("nan"))
+        a.copy_(torch.randn_like(a))
+        a2.copy_(torch.randn_like(a2))
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            graphs[i % 2].replay()
+            graphs[1 - i % 2].replay()
+        torch.cuda.synchronize()
+        check(out, a, b)
+        check(out2, a2, b2)
+
+
 def test_kept_buffers_stay_out_of_cuda_graph_tree_pools(graph_tree_pool):
     """CUDA graph trees warm a graph up with the thread's allocations routed into the graph's
     private pool; the split-K buffers kept across calls must not land there (the trees' check
     then fails: "tensors in the cudagraph pool not tracked as outputs"), on a new stream too."""
     launch._buffers.clear()
     launch._placeholder.clear()
+    launch._ticket_arenas.clear()
     a, b = operands(16, 4096, 4096, "NT")
     out = torch.full((16, 4096), float("nan"), device="cuda", dtype=a.dtype)
     with graph_tree_pool.warmup():
@@ -170,7 +203,7 @@ def test_kept_buffers_stay_out_of_cuda_graph_tree_pools(graph_tree_pool):
         placeholders = launch._placeholders(a.device)
     torch.cuda.synchronize()
     check(out, a, b)
-    assert launch._buffers and placeholders
+    assert launch._buffers and placeholders and launch._ticket_arenas
     graph_tree_pool.check()
 
 

@@ -22,6 +22,8 @@ launches through Triton's JIT; it leaves a ``_Plan`` (the compiled kernel and
 its arguments, tensors as bare addresses) that later calls with the same
 addresses, shapes and strides replay directly. Split-K partials and tickets
 live in one grow-only pair of buffers per (device, stream); nothing syncs.
+Under CUDA graph capture partials come fresh from the graph's pool and tickets
+from a zeroed arena outside it (``_captured_tickets``): no fill kernel in the graph.
 """
 from __future__ import annotations
 
@@ -263,6 +265,19 @@ _buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _placeholder: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _retired: list[tuple[torch.Tensor, torch.Tensor]] = []   # outgrown pairs, never freed (see _kept_pair)
 
+# Tickets of launches captured into CUDA graphs. Zeroing a fresh ticket buffer per captured launch
+# puts a fill kernel beside every split-K GEMM of the graph (Llama-3.1-8B MXFP8 decode at 16
+# requests, BENCHMARKS.md session 26: 224 fills, 186 us of a 5.8 ms step). Instead each captured
+# launch gets its own slice of one arena per device, zeroed once when it is made (outside any
+# capture, beside the first per-stream pair) and kept outside every graph pool: the kernel leaves
+# its tickets zero, so the slice is zero at every replay. A slice is never handed out twice, so no
+# two graphs (which may replay concurrently on different streams) share tickets, and one graph's
+# launches are serialized by CUDA. Slices are not reclaimed (a graph's lifetime is not visible
+# here): once the arena is spent, captures fall back to tickets zeroed in the graph.
+TICKET_ARENA_INTS = 1 << 22      # 16 MB a device; a captured launch takes its tile count rounded up to 32
+_TICKET_SLICE_ALIGN = 32         # ints: slices start 128 bytes apart at least
+_ticket_arenas: dict[int | None, list] = {}   # device index -> [zeroed int32 arena, next free offset]
+
 
 def _kept_pair(device: torch.device, partials: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A partials/tickets pair kept across calls, outside any CUDA graph tree's pool
@@ -276,19 +291,32 @@ def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: 
                     stream: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FP32 partials and per-tile tickets. Tickets are zero between launches (the last
     program of a tile resets its own), so one pair per (device, stream), grown as needed,
-    serves every launch on that stream in turn; under CUDA graph capture a fresh pair
-    (tickets zeroed in the graph) belongs to the graph instead."""
+    serves every launch on that stream in turn. Under CUDA graph capture fresh partials from the
+    graph's pool belong to the graph instead, and the tickets are ``_captured_tickets``'s."""
     if capturing:
-        return (torch.empty(partials, dtype=torch.float32, device=device),
-                torch.zeros(tiles, dtype=torch.int32, device=device))
+        return torch.empty(partials, dtype=torch.float32, device=device), _captured_tickets(device, tiles)
     key = (device.index, _triton_launch.current_stream(device.index) if stream is None else stream)
     pair = _buffers.get(key)
     if pair is None or pair[0].numel() < partials or pair[1].numel() < tiles:
+        if device.index not in _ticket_arenas:
+            _ticket_arenas[device.index] = [_device.kept(
+                lambda: torch.zeros(TICKET_ARENA_INTS, dtype=torch.int32, device=device), device), 0]
         old = (0, 0) if pair is None else (pair[0].numel(), pair[1].numel())
         if pair is not None:
             _retired.append(pair)
         pair = _buffers[key] = _kept_pair(device, max(partials, old[0]), max(tiles, old[1], 4096))
     return pair
+
+
+def _captured_tickets(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zero tickets for one launch being captured: a slice of the device's arena never handed
+    out before, or, without an arena or room in it, a fresh buffer zeroed in the graph."""
+    arena = _ticket_arenas.get(device.index)
+    if arena is None or arena[1] + tiles > arena[0].numel():
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    start = arena[1]
+    arena[1] = start + -(-tiles // _TICKET_SLICE_ALIGN) * _TICKET_SLICE_ALIGN
+    return arena[0][start:start + tiles]
 
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
