@@ -3,6 +3,7 @@ identical weights and prompts across processes, refused and unpaired pairs, smal
 perturbed side caught by the merge's logits comparison. Tiny model, eager, on CPU."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,7 +128,7 @@ def test_an_unpaired_side_is_reported(runs, tmp_path):
     assert "B" not in rows[0] and "A only" in rows[0]["note"] and "check" not in rows[0]
     assert rows[1]["agreement"]["ok"] and "note" not in rows[1]
     line = next(line for line in _table(report.markdown(merged)) if line.startswith("| 2 |"))
-    assert "| 0/- |" in line and "A only" in line and line.count("|  |") >= 4   # B's cells empty
+    assert re.search(r"\| \d+/- \|", line) and "A only" in line and line.count("|  |") >= 4  # B's cells empty
     only_b = report.merge([report.load(str(b))])["runs"][0]["rows"]
     assert all("B only" in row["note"] and "A" not in row for row in only_b)
 

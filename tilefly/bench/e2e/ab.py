@@ -205,7 +205,8 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
               "compile_mode": compile_mode if compile_prefill or compile_mode is None
               else f"{compile_mode} (decode only)",
               "device": str(device), "dtype": str(dtype).replace("torch.", ""), "swapped_linears": len(swapped),
-              "seed": seed, "attention": attention, "compare_steps": compare_steps, "tol": tol, "weights_sha": weights_sha,
+              "seed": seed, "attention": attention, "compare_steps": compare_steps, "tol": tol,
+              "weights_sha": weights_sha,
               "model_config": asdict(models.spec(model_name)),
               "sides": {s.name: asdict(s) for s in sides}, "rows": rows}
     if len(sides) == 1:

@@ -133,7 +133,6 @@ class Engine:
         end = time.perf_counter()
         return Generation(tokens, prefill_done - start, end - prefill_done, captured)
 
-
     def decode_once(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode step from the cache's current position, feeding the last token back (call
         under inference mode, after ``generate`` has prefilled)."""

@@ -1,11 +1,10 @@
 """Where a decode step's GPU time goes: the kernels of a few compiled decode steps, by name.
 
 ``--profile`` runs this after a side's timed generations: one prefill (untimed), then
-``steps`` decode steps under ``torch.profiler`` (kernels launched from a
-CUDA graph replay are recorded one by one). Kernel times are summed per name and divided by the
-step count; the table's families group the names (tilefly's GEMM kernels, other GEMMs, Inductor's
-Triton kernels, attention) so that the gap between the step time and the GPU-busy time shows
-what launch gaps and the host cost.
+``steps`` decode steps under ``torch.profiler`` (kernels launched from a CUDA graph replay are
+recorded one by one). Kernel times are summed per name and divided by the step count; families
+group the names (tilefly's GEMM kernels, other GEMMs, Inductor's Triton kernels, attention).
+The step's wall time minus its GPU-busy time is what launch gaps and the host cost.
 """
 from __future__ import annotations
 
