@@ -44,11 +44,9 @@ def reordered_addmm(bias, a, b):
 
 
 def reordered_linear(x, weight, bias=None):
-    lead = x.shape[:-1]
-    out = _two_halves(x.reshape(-1, x.shape[-1]), weight.t())
-    if bias is not None:
-        out = (out.float() + bias.float()).to(out.dtype)
-    return out.reshape(*lead, weight.shape[0])
+    rows, w = x.reshape(-1, x.shape[-1]), weight.t()
+    out = _two_halves(rows, w) if bias is None else reordered_addmm(bias, rows, w)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ The step's wall time minus its GPU-busy time is what launch gaps and the host co
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -46,8 +47,9 @@ def kernel_table(kernels: Iterable[tuple[str, float, int]], steps: int, top: int
     busy = sum(us for us, _ in by_name.values())
     families: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for name, (us, calls) in by_name.items():
-        families[family(name)][0] += us
-        families[family(name)][1] += calls
+        total = families[family(name)]
+        total[0] += us
+        total[1] += calls
     ranked = sorted(by_name.items(), key=lambda item: -item[1][0])
     return {"steps": steps, "busy_us_per_step": busy / steps,
             "kernels_per_step": sum(calls for _, calls in by_name.values()) / steps,
@@ -61,8 +63,6 @@ def profile_decode(eng, prompts: torch.Tensor, steps: int = 16, top: int = 25) -
     """``kernel_table`` of ``steps`` decode steps of ``eng`` (an ``engine.Engine`` that has already
     compiled and run), with the steps' wall time per step beside it. On a CPU model the table
     is empty (no kernels): the CPU tests run the path, not the numbers."""
-    import time
-
     from torch.profiler import ProfilerActivity, profile
 
     from tilefly.bench.e2e.engine import _sync
