@@ -63,6 +63,20 @@ def test_apply_precision_keeps_lm_head(precision):
     assert all(m.backend == "scaled_mm" for m in model.modules() if isinstance(m, MXLinear))
 
 
+def test_apply_precision_passes_the_scale_layout():
+    from tilefly.mx import MXLinear
+    from tilefly.mx.layout import blocked_numel
+
+    model = models.build_model("tiny")
+    models.apply_precision(model, "mxfp8", swizzle="none")
+    layers = [m for m in model.modules() if isinstance(m, MXLinear)]
+    assert layers and all(m.swizzle == "none" for m in layers)
+    up = model.model.layers[0].mlp.up_proj
+    assert tuple(up.weight_scale_bits.shape) == (128, 64 // 32)
+    models.apply_precision(blocked := models.build_model("tiny"), "mxfp8")
+    assert blocked.model.layers[0].mlp.up_proj.weight_scale_bits.numel() == blocked_numel(128, 2)
+
+
 def test_bf16_precision_swaps_nothing():
     model = models.build_model("tiny")
     assert models.apply_precision(model, "bf16") == []

@@ -122,6 +122,20 @@ def test_runs_of_other_attention_stay_apart(parts):
     assert "### llama-3.1-8b · bf16 · hf attention" in md and "### llama-3.1-8b · bf16 · grouped attention" in md
 
 
+def test_mx_runs_of_other_scale_layouts_stay_apart(parts):
+    """MX runs without the key were recorded in SWIZZLE_32_4_4; a NO_SWIZZLE run gets a table of its
+    own, and both still find the BF16 model's side B for their B/BF16 column."""
+    first, _, mx = parts
+    plain = dict(mx, rows=[dict(row) for row in mx["rows"]], mx_swizzle="none", date="2026-12-01T03:00:00+00:00")
+    merged = report.merge([first, mx, plain])
+    assert sorted(str(split.mx_swizzle(r)) for r in merged["runs"]) == ["32_4_4", "None", "none"]
+    md = report.markdown(merged)
+    assert "### llama-3.1-8b · mxfp8 · hf attention\n" in md
+    assert "### llama-3.1-8b · mxfp8 · hf attention · none scale layout" in md
+    rows_at_8 = [line for line in md.splitlines() if line.startswith("| 8 |") and "| 1500 |" in line]
+    assert len(rows_at_8) == 2 and all("1.25x" in line for line in rows_at_8)  # 1500 over BF16 B's 1200
+
+
 def test_cudagraph_skips_are_flagged(parts):
     first = parts[0]
     first["rows"][1]["B"]["cudagraph_skips"] = 2

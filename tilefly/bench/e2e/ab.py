@@ -153,12 +153,13 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
            runs: int = 1, compare_steps: int = 4, tol: float = 0.05, seed: int = 0,
            sides: tuple[Side, ...] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
            compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None,
-           profile_steps: int = 0, attention: str = "grouped") -> dict[str, Any]:
+           profile_steps: int = 0, attention: str = "grouped", mx_swizzle: str = "32_4_4") -> dict[str, Any]:
     """Run A and B (or the one side in ``sides``) at each concurrency; returns the run's JSON-ready
     record (see report.py). ``code_dir``: keep each side's generated wrapper code there, one file
-    per concurrency; ``profile_steps``: see ``run_side``; ``attention``: see attention.py."""
+    per concurrency; ``profile_steps``: see ``run_side``; ``attention``: see attention.py; ``mx_swizzle``:
+    the MX scales' layout (both sides; activation scales are rearranged into it every step)."""
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed, attention=attention)
-    swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend)
+    swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend, swizzle=mx_swizzle)
     weights_sha = split.weights_sha(model)
     rows = []
     for batch in concurrencies:
@@ -206,6 +207,7 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
               else f"{compile_mode} (decode only)",
               "device": str(device), "dtype": str(dtype).replace("torch.", ""), "swapped_linears": len(swapped),
               "seed": seed, "attention": attention, "compare_steps": compare_steps, "tol": tol,
+              **({} if precision == "bf16" else {"mx_swizzle": mx_swizzle}),
               "weights_sha": weights_sha,
               "model_config": asdict(models.spec(model_name)),
               "sides": {s.name: asdict(s) for s in sides}, "rows": rows}

@@ -96,16 +96,18 @@ def build_model(name: str, dtype: torch.dtype = torch.bfloat16, device: str | to
     return model.eval().requires_grad_(False)
 
 
-def apply_precision(model: torch.nn.Module, precision: str, backend: str = "dequant") -> list[str]:
+def apply_precision(model: torch.nn.Module, precision: str, backend: str = "dequant",
+                    swizzle: str = "32_4_4") -> list[str]:
     """Quantize ``model``'s linear layers in place for ``precision`` (lm_head stays BF16);
-    returns the swapped names ([] for bf16). ``backend`` is MXLinear's: "dequant" or "scaled_mm"."""
+    returns the swapped names ([] for bf16). ``backend`` and ``swizzle`` (the scales' layout,
+    "32_4_4" or "none") are MXLinear's."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "bf16":
         return []
     from tilefly.mx import swap_linears
 
-    return swap_linears(model, precision, skip=("lm_head",), backend=backend)
+    return swap_linears(model, precision, skip=("lm_head",), backend=backend, swizzle=swizzle)
 
 
 def set_mx_backend(model: torch.nn.Module, backend: str) -> int:

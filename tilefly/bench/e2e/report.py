@@ -38,7 +38,7 @@ def _runs(data: dict[str, Any]) -> list[dict[str, Any]]:
 def _key(run: dict[str, Any]) -> tuple[Any, ...]:
     """Runs merge into one table only when they measured the same thing."""
     return (run["model"], run["precision"], run["input_len"], run["output_len"], run.get("compile_mode"),
-            split.attention(run))
+            split.attention(run), split.mx_swizzle(run))
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,8 +66,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _bf16_b(merged: dict[str, Any], run: dict[str, Any]) -> dict[int, float]:
     """The BF16 model's side-B tok/s per concurrency, from the run that matches ``run`` but for precision."""
-    def same_setup(key):
-        return key[:1] + key[2:]
+    def same_setup(key):   # all but the precision and the MX scale layout (the last field)
+        return key[:1] + key[2:-1]
 
     for other in merged["runs"]:
         if other["precision"] == "bf16" and same_setup(_key(other)) == same_setup(_key(run)):
@@ -122,7 +122,8 @@ def markdown(merged: dict[str, Any]) -> str:
         sides = run.get("sides", {})
         mx_note = (f"; MX layers: A {sides.get('A', {}).get('mx_backend')}, B {sides.get('B', {}).get('mx_backend')}"
                    if run["precision"] != "bf16" else "")
-        lines += ["", f"### {run['model']} · {run['precision']} · {split.attention(run)} attention", "",
+        layout = "" if split.mx_swizzle(run) in (None, "32_4_4") else f" · {split.mx_swizzle(run)} scale layout"
+        lines += ["", f"### {run['model']} · {run['precision']} · {split.attention(run)} attention{layout}", "",
                   f"GPU {run.get('gpu', '?')} · torch {run.get('torch', '?')} · transformers "
                   f"{run.get('transformers', '?')} · commit {_short_commit(run.get('commit', 'unknown'))} · "
                   f"{run.get('date', '?')}  ",

@@ -45,6 +45,13 @@ def attention(run: dict[str, Any]) -> str:
     return run.get("attention", "hf")
 
 
+def mx_swizzle(run: dict[str, Any]) -> str | None:
+    """The layout of the run's MX scales (None for BF16; runs recorded before the option used
+    SWIZZLE_32_4_4). Activation scales are rearranged every step in that layout, so runs of
+    different layouts are never paired or merged."""
+    return None if run["precision"] == "bf16" else run.get("mx_swizzle", "32_4_4")
+
+
 def _bytes(t: torch.Tensor) -> bytes:
     return bytes(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).tolist())
 
@@ -199,7 +206,7 @@ def pair(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(run)
             continue
         for row in run["rows"]:
-            key = (run["model"], run["precision"], attention(run), row["concurrency"])
+            key = (run["model"], run["precision"], attention(run), mx_swizzle(run), row["concurrency"])
             halves.setdefault(key, {})[run["side"]] = (run, row)
     for got in halves.values():
         if len(got) == 2:
@@ -208,6 +215,7 @@ def pair(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         (side, (run, row)), = got.items()
         other = "B" if side == "A" else "A"
         alone = {k: v for k, v in row.items() if k != "check"}
-        alone["note"] = f"{side} only: no side-{other} run of this model, precision, attention and concurrency merged"
+        alone["note"] = (f"{side} only: no side-{other} run of this model, precision, attention, scale layout "
+                         f"and concurrency merged")
         out.append({**_run_meta(run), "rows": [alone]})
     return out
