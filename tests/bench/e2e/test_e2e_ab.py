@@ -110,7 +110,10 @@ def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
     def fake_capture():
         yield ["def call(args):\n    extern_kernels.mm(a, b, out=c)\n"
                "    triton_tem_fused_mm_0.run(a, d, c)\n    triton_tem_fused_mm_0.run(e, d, f)\n"
-               "    extern_kernels.tilefly_mm_splitk128x8x128_s6_w4_k16_v1(a, b, g)\n"]
+               "    extern_kernels.tilefly_mm_splitk128x8x128_s6_w4_k16_v1(a, b, g)\n"
+               "    buf9 = torch.ops.tilefly.mx_linear_mm.default(a, w, sa, sw, 'mxfp8', 'none', None, "
+               "torch.bfloat16)\n"
+               "    assert_size_stride(buf9, (2, 4), (4, 1), 'torch.ops.tilefly.mx_linear_mm.default')\n"]
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     monkeypatch.setattr(picks, "capture_code", fake_capture)
@@ -121,9 +124,10 @@ def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
     metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, "max-autotune-no-cudagraphs", runs=1,
                                 capture=2, code_path=str(path))
     assert metrics["picks"] == {"captured": 1, "tilefly": {"tilefly_mm_splitk128x8x128_s6_w4_k16_v1": 1},
-                                "triton_templates": 1, "triton_template_calls": 2, "aten_gemm_calls": 1}
+                                "triton_templates": 1, "triton_template_calls": 2, "aten_gemm_calls": 1,
+                                "mx_op_calls": 1}
     assert picks.describe(metrics["picks"]) == ("tilefly tilefly_mm_splitk128x8x128_s6_w4_k16_v1 x1; "
-                                                "Triton templates 1 (2 calls); ATen calls 1")
+                                                "Triton templates 1 (2 calls); ATen calls 1; MX layer calls 1")
     assert path.read_text().startswith("def call(args):")
     metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, None, runs=1, capture=2,
                                 code_path=str(tmp_path / "eager.py"))

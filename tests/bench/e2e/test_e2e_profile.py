@@ -47,6 +47,8 @@ def test_markdown_shows_a_profiled_side():
     text = report.markdown(report.merge([run]))
     assert ("decode profile, 8 requests, side B: profiled step 4500 µs, GPU busy 4000 µs in 40 kernels: "
             "tilefly GEMM 3000, Triton fused (Inductor) 1000") in text
+    assert "B's tilefly GEMM kernels a step (profile): mx_gemm_v2_kernel x10" in text
+    assert profile.tilefly_gemms(profile.kernel_table([("triton_poi_fused_0", 1.0, 1)], steps=1)) == ""
 
 
 def test_profile_decode_runs_on_a_cpu_model():

@@ -73,10 +73,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--attention", choices=("grouped", "hf"), default="grouped",
                    help="decode attention of both sides: grouped (KV cache read uncopied, as a serving engine "
                         "does) or hf (transformers' SDPA path, which copies K and V per query head)")
-    p.add_argument("--mx-swizzle", choices=("32_4_4", "none"), default="32_4_4",
-                   help="layout of the MX scales, weights' and activations' (MX precisions, both sides): "
-                        "32_4_4 (SWIZZLE_32_4_4, the layout ATen's CUDA F.scaled_mm takes) rearranges each "
-                        "activation's scales every step; tilefly's MX GEMM reads both")
+    p.add_argument("--mx-swizzle", choices=("none", "32_4_4"), default="none",
+                   help="layout of the MX scales, weights' and activations' (MX precisions, both sides). "
+                        "tilefly's MX GEMM reads both; 32_4_4 (SWIZZLE_32_4_4, the only layout ATen's CUDA "
+                        "F.scaled_mm takes) costs a scale-rearranging kernel per MX layer every step")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="after each side's timed runs, profile STEPS decode steps: GPU time per kernel "
                         "and family (CUDA only)")

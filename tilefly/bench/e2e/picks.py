@@ -2,7 +2,9 @@
 captured while compiling (``GraphLowering.save_output_code``, the hook ``run_and_get_code`` uses).
 
 tilefly's candidates are ExternKernelChoices named ``tilefly_<op>_<config>_v1``; a winning one is
-called by that name in the wrapper. Graphs loaded from Inductor's FX graph cache generate no
+called by that name in the wrapper. MX layers (MXLinear) are no Inductor choice: their GEMMs are
+calls of the custom op ``tilefly::mx_linear_mm``, whose F.scaled_mm tilefly's override serves at run
+time (side B; the decode profile names the kernel). Graphs loaded from Inductor's FX graph cache generate no
 code, so nothing is captured for them (``picks`` then says so).
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ TILEFLY_CALL = re.compile(r"\b(tilefly_[A-Za-z0-9_]+?_v\d+)\b")
 TRITON_TEMPLATE = re.compile(r"\btriton_tem_\w+")
 TRITON_TEMPLATE_CALL = re.compile(r"\btriton_tem_\w+\.run\(")
 ATEN_GEMM = re.compile(r"\bextern_kernels\.(mm|addmm|bmm|_scaled_mm|scaled_mm)\(")
+MX_OP_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm\.default\(")   # not the asserts naming it
 
 
 @contextlib.contextmanager
@@ -32,7 +35,7 @@ def capture_code() -> Iterator[list[str]]:
 
 def picks(codes: list[str]) -> dict[str, Any]:
     """GEMM call sites per kind over the captured code: tilefly configs by name, Triton template
-    kernels (distinct definitions, and their launches) and ATen extern calls."""
+    kernels (distinct definitions, and their launches), ATen extern calls and MX layer calls."""
     if not codes:
         return {"captured": 0, "note": "no generated code captured (graphs loaded from the FX graph cache?)"}
     text = "\n".join(codes)
@@ -40,7 +43,7 @@ def picks(codes: list[str]) -> dict[str, Any]:
     return {"captured": len(codes), "tilefly": dict(tilefly),
             "triton_templates": len(set(TRITON_TEMPLATE.findall(text))),
             "triton_template_calls": len(TRITON_TEMPLATE_CALL.findall(text)),
-            "aten_gemm_calls": len(ATEN_GEMM.findall(text))}
+            "aten_gemm_calls": len(ATEN_GEMM.findall(text)), "mx_op_calls": len(MX_OP_CALL.findall(text))}
 
 
 def describe(p: dict[str, Any]) -> str:
@@ -49,4 +52,5 @@ def describe(p: dict[str, Any]) -> str:
     won = ", ".join(f"{name} x{n}" for name, n in sorted(p["tilefly"].items())) or "none"
     calls = p.get("triton_template_calls")
     templates = f"{p['triton_templates']}" + ("" if calls is None else f" ({calls} calls)")
-    return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}"
+    mx = f"; MX layer calls {p['mx_op_calls']}" if p.get("mx_op_calls") else ""
+    return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}{mx}"

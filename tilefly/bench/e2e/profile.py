@@ -88,3 +88,9 @@ def describe(table: dict[str, Any], families: int = 6) -> str:
     parts = [f"{f['family']} {f['us_per_step']:.0f}" for f in table["families"][:families]]
     return (f"profiled step {table['wall_us_per_step']:.0f} µs, GPU busy {table['busy_us_per_step']:.0f} µs "
             f"in {table['kernels_per_step']:.0f} kernels: " + ", ".join(parts))
+
+
+def tilefly_gemms(table: dict[str, Any]) -> str:
+    """tilefly's GEMM kernels among the profile's busiest names, with their calls a step."""
+    return ", ".join(f"{k['name']} x{k['calls_per_step']:.0f}" for k in table["top"]
+                     if family(k["name"]) == "tilefly GEMM")

@@ -109,10 +109,19 @@ def run_table(run: dict[str, Any], bf16_b: dict[int, float]) -> list[str]:
                   if row.get(side, {}).get("cudagraph_skips")]
         if row.get("winners"):
             notes.append(f"B's GEMMs: {row['winners']}")
+        if "profile" in b:
+            notes += [f"B's tilefly GEMM kernels a step (profile): {kernels}"
+                      for kernels in [e2e_profile.tilefly_gemms(b["profile"])] if kernels]
         notes += [row["note"]] if row.get("note") else ["separate runs"] if row.get("split") else []
         cells += [_agreement(row), "; ".join(notes)]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return lines
+
+
+def _title(run: dict[str, Any]) -> str:
+    """Model, precision and what else keeps runs apart (the default scale layout goes unsaid)."""
+    layout = "" if split.mx_swizzle(run) in (None, "32_4_4") else f" · {split.mx_swizzle(run)} scale layout"
+    return f"{run['model']} · {run['precision']} · {split.attention(run)} attention{layout}"
 
 
 def markdown(merged: dict[str, Any]) -> str:
@@ -122,8 +131,7 @@ def markdown(merged: dict[str, Any]) -> str:
         sides = run.get("sides", {})
         mx_note = (f"; MX layers: A {sides.get('A', {}).get('mx_backend')}, B {sides.get('B', {}).get('mx_backend')}"
                    if run["precision"] != "bf16" else "")
-        layout = "" if split.mx_swizzle(run) in (None, "32_4_4") else f" · {split.mx_swizzle(run)} scale layout"
-        lines += ["", f"### {run['model']} · {run['precision']} · {split.attention(run)} attention{layout}", "",
+        lines += ["", f"### {_title(run)}", "",
                   f"GPU {run.get('gpu', '?')} · torch {run.get('torch', '?')} · transformers "
                   f"{run.get('transformers', '?')} · commit {_short_commit(run.get('commit', 'unknown'))} · "
                   f"{run.get('date', '?')}  ",
@@ -154,23 +162,28 @@ def plot(merged: dict[str, Any], path: str) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install 'tilefly[bench]'): no PNG written"
     runs = merged["runs"]
-    fig, axes = plt.subplots(1, len(runs), squeeze=False, figsize=(4.5 * len(runs), 3.6))
-    for ax, run in zip(axes[0], runs):
-        for side, style in (("A", "o--"), ("B", "s-")):
+    cols = min(3, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(4.8 * cols, 3.6 * rows))
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, runs):
+        for side, style, color in (("A", "o--", "C0"), ("B", "s-", "C1")):
             pts = [(r["concurrency"], r[side]["tok_s"]) for r in run["rows"] if "tok_s" in r.get(side, {})]
             if pts:
-                ax.plot(*zip(*pts), style, label=f"{side}: {run.get('sides', {}).get(side, {}).get('backends', side)}")
-        if run["precision"] != "bf16":
-            ref = sorted(_bf16_b(merged, run).items())
-            if ref:
-                ax.plot(*zip(*ref), "^:", color="gray", label="B of the BF16 model")
-        concurrencies = sorted({r["concurrency"] for r in run["rows"]})
+                ax.plot(*zip(*pts), style, color=color,
+                        label=f"{side}: {run.get('sides', {}).get(side, {}).get('backends', side)}")
+        ref = sorted(_bf16_b(merged, run).items()) if run["precision"] != "bf16" else []
+        if ref:
+            ax.plot(*zip(*ref), "^:", color="gray", label="B of the BF16 model")
+        concurrencies = sorted({r["concurrency"] for r in run["rows"]} | {c for c, _ in ref})
         ax.set_xscale("log", base=2)
         ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
         ax.minorticks_off()
         ax.set_xlabel("concurrency")
         ax.set_ylabel("output tok/s")
-        ax.set_title(f"{run['model']} {run['precision']}", fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.set_title(_title(run), fontsize=8)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
