@@ -16,8 +16,9 @@ from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, c
 
 def _v4(m, n, k):
     """Both v4 tiles for the shape's token count (v4_configs builds them at <= 64 columns; the kernel
-    serves any width)."""
-    return configs.v4_configs(4096, min(64, min(m, n)), k, "mxfp4")
+    serves any width), each also with X from registers (X_REGS)."""
+    cols = min(64, min(m, n))
+    return configs.v4_configs(4096, cols, k, "mxfp4") + configs.v4_regs_configs(4096, cols, k, "mxfp4")
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -49,8 +50,31 @@ def test_v4_validates_and_counts_one_unpacked_buffer():
 V4_SPECS = [s.name for s in configs.compile_specs() if ".mx4_" in s.name]
 
 
+def test_x_regs_builds_are_v4_only_and_not_offered():
+    built = configs.v4_regs_configs(4096, 32, 4096, "mxfp4")
+    assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16_xr", "mx4_64x32_s4_w4_k16_ss16_xr"]
+    assert all(configs.static_reason(c, "mxfp4") is None for c in built)
+    assert configs.static_reason(replace(built[0], kernel=2), "mxfp4").startswith("x_regs")
+    for cols in (1, 16, 32, 64):
+        assert not any(c.x_regs for c in configs.offered(4096, cols, 4096, "mxfp4"))
+        assert not configs.pick(4096, cols, 4096, "mxfp4").x_regs
+
+
+def test_fragment_order_is_the_documented_permutation():
+    """kernels_v4.fragment_order, transcribed with torch's reshape and permute (the same semantics as
+    Gluon's): position 32i + 16h + 4q + c holds K element 32q + 8i + 4h + c, a permutation of the slot."""
+    k = torch.arange(128)
+    order = k.reshape(1, 4, 4, 2, 4).permute(0, 2, 3, 1, 4).reshape(128)   # one row
+    assert sorted(order.tolist()) == list(range(128))
+    for i in range(4):
+        for h in range(2):
+            for q in range(4):
+                for c in range(4):
+                    assert order[32 * i + 16 * h + 4 * q + c] == 32 * q + 8 * i + 4 * h + c
+
+
 def test_compile_specs_cover_every_v4_build():
-    for cfg in configs.v4_configs(4096, 32, 4096, "mxfp4"):
+    for cfg in configs.v4_configs(4096, 32, 4096, "mxfp4") + configs.v4_regs_configs(4096, 32, 4096, "mxfp4"):
         assert any(f".{cfg.name}[mxfp4,swz=00,bias=0,bf16" in name for name in V4_SPECS)
         assert any(f".{cfg.name}[mxfp4,swz=11,bias=1,fp16" in name for name in V4_SPECS)
 

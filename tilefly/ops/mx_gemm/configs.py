@@ -4,12 +4,14 @@ An ``MXConfig`` is one build of an MX kernel: ``kernel`` 1 (``kernels.mx_gemm_ke
 slot is one K-block of 32), 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK_K = 128 K
 elements, async wgmma with the block-scale promotion overlapped; ``scale_slots`` > 0 stages the
 program's scale words in shared memory first), 3 (``kernels_v3``, the same slots upcast to BF16 in
-the CTA) or 4 (``kernels_v4``, MXFP4 only: the scales folded into the unpacked FP8 operands; built and
-compiled, not yet offered), ``block_m`` rows of the big side (the wgmma M slot), ``block_n`` of the small side (wgmma N,
-8..64), ``stages`` ring slots, ``num_warps``, and the most K-splits the launcher may use (it splits K
-until every SM runs ``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses the build the eager
-path runs (rows >= cols after the launcher's swap): the staged v2 build at <= 64 columns, v2 above;
-``offered`` lists the configs the benchmark races (v1, v2, staged v2 at <= 64 columns and v3 at 33-64).
+the CTA) or 4 (``kernels_v4``, MXFP4 only: the scales folded into the unpacked FP8 operands;
+``x_regs`` builds feed X to the wgmma from registers, compiled but not yet offered), ``block_m`` rows
+of the big side (the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring
+slots, ``num_warps``, and the most K-splits the launcher may use (it splits K until every SM runs
+``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses the build the eager path runs (rows >=
+cols after the launcher's swap): the staged v2 build at <= 64 columns (v4 for MXFP4 above 8), v2
+above; ``offered`` lists the configs the benchmark races (v1, v2, staged v2 at <= 64 columns, v3 at
+33-64, v4 at <= 64).
 
 Sizes: rings of ~48 KB (v1) to ~96 KB (v2) of operands per program; the accumulator and the
 per-K-block partials live in registers, so block_m * block_n is kept to 32 values a thread for v1
@@ -71,14 +73,16 @@ class MXConfig:
     kernel: int = 1
     bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
     scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
+    x_regs: bool = False      # v4: folded slots feed X to the wgmma from registers (kernels_v4, X_REGS)
 
     @property
     def name(self) -> str:
         prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
         sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
+        regs = "_xr" if self.x_regs else ""
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
-                f"{sets}{staged}")
+                f"{sets}{staged}{regs}")
 
     @property
     def block_k(self) -> int:
@@ -118,6 +122,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "kernel must be 1, 2, 3 or 4"
     if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
+    if cfg.x_regs and cfg.kernel != 4:
+        return "x_regs is a kernel 4 build (X from registers in folded slots)"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -196,6 +202,13 @@ def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
         return []
     out = [replace(c, kernel=4) for c in v2_staged_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
+
+
+def v4_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """``v4_configs`` with X fed to the wgmma from registers in folded slots (kernels_v4, X_REGS).
+    Compiled in CI and raced by scripts/mx_decode_probe.py (``--kernels 4``), not yet offered: not
+    yet measured on the H200."""
+    return [replace(c, x_regs=True) for c in v4_configs(rows, cols, k, fmt)]
 
 
 def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
@@ -298,6 +311,8 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
+    if cfg.kernel == 4:
+        constexprs.update(X_REGS=cfg.x_regs)
     constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
@@ -359,6 +374,9 @@ def compile_specs():
         variants.append((fmt, cfg2s, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg2s, False, True, 2, "bf16", True, False))
         for cfg4 in v4_configs(4096, 32, 4096, fmt):   # swizzled, bias, FP16 (shipped() has the plain build)
+            variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))
+        for cfg4 in v4_regs_configs(4096, 32, 4096, fmt):   # not offered yet: both variants here
+            variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))

@@ -36,6 +36,19 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
     barriers        ``ready`` per ring slot; a CTA barrier before each slot's unpack (the previous
                     slot's wgmmas, which read the unpacked buffers, retired in every warp) and after
                     it (fence_async_shared, then every warp's stores are visible to the wgmmas).
+    X_REGS          (``MXConfig.x_regs``; built, not yet offered) folded slots feed X to the wgmma from
+                    registers instead of the unpacked buffer: no X stores, and the wgmma reads only Y
+                    from shared memory. A thread loads 16 packed bytes, one K-block of one row, from the
+                    ring slot (``x_packed_layout``: the rows a thread holds are those of its wgmma A
+                    fragment, rows 16w + g and g + 8 of each 64), unpacks them as above, and the 32
+                    values are renamed into the fragment by a reshape and permute that the compiler
+                    proves register-only (``convert_layout(assert_trivial=True)``). That order is not
+                    K order: the fragment's K position 32i + 16h + 4q + c (wgmma i, half h, lane q % 4,
+                    byte c) holds K element 32q + 8i + 4h + c of the slot (``fragment_order``), a
+                    permutation inside the slot, and Y's unpacked tile is stored permuted the same way,
+                    so the four wgmmas still sum every product once. The folded scale factors are per
+                    element, so the order does not matter to them; slots that do not fold take the
+                    K-ordered buffers and v2's per-block path, as without X_REGS.
     epilogue        tilefly.gluon.epilogue.finish_splitk, as v2.
     tails           TMA zero-fills rows past ROWS/COLS and K past the end; their staged scale bytes
                     are 127, so they contribute zeros (a K-tail slot may then not fold: its unused
@@ -108,26 +121,83 @@ def folded_tables(words, num_warps: gl.constexpr):
     2^(e_j - e_max), [rows, 4] each. Every nonzero entry has its exponent field lowered by
     e_max - e_j (<= FOLD_SPAN in a folded slot, so no field drops below 1); the zero entry (byte 0
     of the low word) stays zero."""
-    layout: gl.constexpr = gl.SliceLayout(2, block_layout3(num_warps))
+    return folded_tables_in(words, gl.SliceLayout(2, block_layout3(num_warps)))
+
+
+@gluon.jit
+def folded_tables_in(words, layout: gl.constexpr):
+    """``folded_tables`` for words in the rows slice of ``layout``, a [rows, 4] layout."""
     j = gl.arange(0, BLOCKS_PER_SLOT, layout=gl.SliceLayout(0, layout))
     shift = (max_byte(words)[:, None] - ((words[:, None] >> (8 * j[None, :])) & 255)) * 8
     return TABLE_LO - shift * 0x01010100, TABLE_HI - shift * 0x01010101
 
 
 @gluon.jit
-def unpack_fp4_folded(packed, unpacked, words, ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """Packed E2M1 slot [ROWS, 64] -> FP8 E4M3 [ROWS, 128] with each K-block of row r scaled by
-    2^(e - e_max(r)) (``words``: the slot's scale words of the rows)."""
-    layout3: gl.constexpr = block_layout3(num_warps)
-    bytes_ = gl.convert_layout(gl.reshape(packed.load(gl.BlockedLayout([1, 16], [8, 4], [num_warps, 1], [1, 0])),
-                                          [ROWS, BLOCKS_PER_SLOT, PACKED_BLOCK]), layout3)
-    lo_table, hi_table = folded_tables(words, num_warps)
+def unpack_folded_bytes(bytes_, lo_table, hi_table, ROWS: gl.constexpr):
+    """Packed E2M1 bytes [ROWS, 4, 16] (a K-block per [r, j, :]) and their rows' table words [ROWS, 4]
+    (``folded_tables``, in the slice layout of the bytes' dim 2) -> the E4M3 bytes [ROWS, 128] in K order."""
     lo_table, _ = gl.broadcast(lo_table[:, :, None], bytes_)
     hi_table, _ = gl.broadcast(hi_table[:, :, None], bytes_)
     lo, hi = gl.inline_asm_elementwise(_UNPACK_TABLE_ASM, "=r,=r,r,r,r,r,r,r,r,r,r", [bytes_, lo_table, hi_table],
                                        dtype=(gl.uint8, gl.uint8), is_pure=True, pack=4)
-    values = gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (block, byte, low/high nibble) = K order
-    unpacked.store(values.to(gl.float8e4nv, bitcast=True))
+    return gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (block, byte, low/high nibble) = K order
+
+
+@gluon.jit
+def folded_values(packed, words, ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """Packed E2M1 slot [ROWS, 64] in shared memory -> E4M3 bytes [ROWS, 128] with each K-block of row r
+    scaled by 2^(e - e_max(r)) (``words``: the slot's scale words of the rows)."""
+    layout3: gl.constexpr = block_layout3(num_warps)
+    bytes_ = gl.convert_layout(gl.reshape(packed.load(gl.BlockedLayout([1, 16], [8, 4], [num_warps, 1], [1, 0])),
+                                          [ROWS, BLOCKS_PER_SLOT, PACKED_BLOCK]), layout3)
+    lo_table, hi_table = folded_tables(words, num_warps)
+    return unpack_folded_bytes(bytes_, lo_table, hi_table, ROWS)
+
+
+@gluon.jit
+def unpack_fp4_folded(packed, unpacked, words, ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """``folded_values`` stored into the FP8 buffer ``unpacked`` [ROWS, 128]."""
+    unpacked.store(folded_values(packed, words, ROWS, num_warps).to(gl.float8e4nv, bitcast=True))
+
+
+@gluon.constexpr_function
+def x_packed_layout(block_m, blocks_dim):
+    """X_REGS: a packed X slot, [block_m, 64] bytes (``blocks_dim`` False) or [block_m, 4, 16] (True).
+    Each thread holds 16 bytes, a K-block, of the rows its wgmma A fragment holds: lanes 4g + q take
+    rows g and g + 8 of each 64-row slab (registers), block q (lanes), warp w rows 16w + (warps)."""
+    def at(row, byte):
+        return [row, byte // 16, byte % 16] if blocks_dim else [row, byte]
+
+    reg = [at(0, 1), at(0, 2), at(0, 4), at(0, 8), at(8, 0)]
+    slab = 64
+    while slab < block_m:
+        reg.append(at(slab, 0))
+        slab *= 2
+    shape = [block_m, BLOCKS_PER_SLOT, PACKED_BLOCK] if blocks_dim else [block_m, BLOCK_K // 2]
+    return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[at(0, 16), at(0, 32), at(1, 0), at(2, 0), at(4, 0)],
+                                      warp_bases=[at(16, 0), at(32, 0)], block_bases=[], shape=shape)
+
+
+@gluon.jit
+def fragment_order(values, ROWS: gl.constexpr):
+    """E4M3 bytes [ROWS, 128] of a slot in K order -> the order of X_REGS's fragments (module docstring):
+    position 32i + 16h + 4q + c takes K element 32q + 8i + 4h + c."""
+    parts = gl.permute(gl.reshape(values, [ROWS, 4, 4, 2, 4]), (0, 2, 3, 1, 4))
+    return gl.reshape(parts, [ROWS, BLOCK_K])
+
+
+@gluon.jit
+def x_operand_folded(packed, words, BLOCK_M: gl.constexpr, acc_layout: gl.constexpr):
+    """X_REGS: a folded X slot (packed [BLOCK_M, 64] in shared memory, ``words`` the slot's staged scale
+    words) as the wgmma's register A operand, in ``fragment_order``."""
+    layout3: gl.constexpr = x_packed_layout(BLOCK_M, True)
+    bytes_ = gl.convert_layout(gl.reshape(packed.load(x_packed_layout(BLOCK_M, False)),
+                                          [BLOCK_M, BLOCKS_PER_SLOT, PACKED_BLOCK]), layout3, assert_trivial=True)
+    row_words = words.load(gl.SliceLayout(1, gl.SliceLayout(2, layout3)))
+    lo_table, hi_table = folded_tables_in(row_words, gl.SliceLayout(2, layout3))
+    values = fragment_order(unpack_folded_bytes(bytes_, lo_table, hi_table, BLOCK_M), BLOCK_M)
+    return gl.convert_layout(values.to(gl.float8e4nv, bitcast=True),
+                             gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4), assert_trivial=True)
 
 
 @gluon.jit
@@ -151,7 +221,8 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
-                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr,
+                      num_warps: gl.constexpr):
     gl.static_assert(FP4, "v4 folds scales into unpacked FP4 operands: MXFP4 only")
     gl.static_assert(num_warps == 4, "one warpgroup")
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
@@ -194,13 +265,21 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         gl.thread_barrier()
         if ((fold_bits >> s) & 1) != 0:
             rows_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps)))
-            unpack_fp4_folded(x_bufs.index(slot), x_fp8, words_x.index(s).load(rows_layout), BLOCK_M, num_warps)
-            unpack_fp4_folded(y_bufs.index(slot), y_fp8, words_y.index(s).load(rows_layout), BLOCK_N, num_warps)
-            fence_async_shared()
-            gl.thread_barrier()
-            for j in gl.static_range(BLOCKS_PER_SLOT):
-                x_op, y_op = block_operands(x_fp8, y_fp8, j)
-                even = warpgroup_mma(x_op, y_op, even, use_acc=j > 0, is_async=True)
+            y_values = folded_values(y_bufs.index(slot), words_y.index(s).load(rows_layout), BLOCK_N, num_warps)
+            if X_REGS:
+                x_op = x_operand_folded(x_bufs.index(slot), words_x.index(s), BLOCK_M, acc_layout)
+                y_fp8.store(fragment_order(y_values, BLOCK_N).to(gl.float8e4nv, bitcast=True))
+                fence_async_shared()
+                gl.thread_barrier()
+                even = warpgroup_mma(x_op, y_fp8.permute((1, 0)), even, use_acc=False, is_async=True)
+            else:
+                unpack_fp4_folded(x_bufs.index(slot), x_fp8, words_x.index(s).load(rows_layout), BLOCK_M, num_warps)
+                y_fp8.store(y_values.to(gl.float8e4nv, bitcast=True))
+                fence_async_shared()
+                gl.thread_barrier()
+                for j in gl.static_range(BLOCKS_PER_SLOT):
+                    x_op, y_op = block_operands(x_fp8, y_fp8, j)
+                    even = warpgroup_mma(x_op, y_op, even, use_acc=j > 0, is_async=True)
             even = warpgroup_mma_wait(num_outstanding=0, deps=(even,))
             acc = add_slot(acc, even, wx, wy, moderate, plain)
         else:

@@ -135,6 +135,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
                       STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
+    if cfg.kernel == 4:
+        constexprs.update(X_REGS=cfg.x_regs)
     constexprs.update(num_warps=cfg.num_warps)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     return Launch(cfg, configs.kernel_of(cfg), (tiles, splits, 1), args, constexprs, out.device, workspace,
