@@ -52,9 +52,13 @@ V4_SPECS = [s.name for s in configs.compile_specs() if ".mx4_" in s.name]
 
 def test_x_regs_builds_are_v4_only_and_not_offered():
     built = configs.v4_regs_configs(4096, 32, 4096, "mxfp4")
-    assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16_xr", "mx4_64x32_s4_w4_k16_ss16_xr"]
+    assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16_xr", "mx4_64x32_s4_w4_k16_ss16_xr",
+                                       "mx4_128x32_s4_w4_k16_ss16_xr2", "mx4_64x32_s4_w4_k16_ss16_xr2"]
     assert all(configs.static_reason(c, "mxfp4") is None for c in built)
     assert configs.static_reason(replace(built[0], kernel=2), "mxfp4").startswith("x_regs")
+    assert configs.static_reason(replace(built[0], x_regs=3), "mxfp4").startswith("x_regs")
+    # the overlapped build keeps a second unpacked Y buffer
+    assert built[2].smem_bytes("mxfp4") == built[0].smem_bytes("mxfp4") + 32 * 128
     for cols in (1, 16, 32, 64):
         assert not any(c.x_regs for c in configs.offered(4096, cols, 4096, "mxfp4"))
         assert not configs.pick(4096, cols, 4096, "mxfp4").x_regs

@@ -73,14 +73,15 @@ class MXConfig:
     kernel: int = 1
     bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
     scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
-    x_regs: bool = False      # v4: folded slots feed X to the wgmma from registers (kernels_v4, X_REGS)
+    x_regs: int = 0           # v4: folded slots feed X to the wgmma from registers (kernels_v4, X_REGS: 1,
+                              # or 2 with the next slot's unpack overlapping the wgmma)
 
     @property
     def name(self) -> str:
         prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
         sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
-        regs = "_xr" if self.x_regs else ""
+        regs = {0: "", 1: "_xr"}.get(self.x_regs, f"_xr{self.x_regs}")
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
                 f"{sets}{staged}{regs}")
 
@@ -102,6 +103,8 @@ class MXConfig:
                     + SMEM_RESERVE)
         buffers = 2 if self.kernel == 2 else 1     # v2 unpacks the next slot while one multiplies
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
+        if self.x_regs == 2:                       # a second Y buffer (kernels_v4, X_REGS == 2)
+            unpacked += self.block_n * self.block_k
         staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
         return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
 
@@ -124,6 +127,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
     if cfg.x_regs and cfg.kernel != 4:
         return "x_regs is a kernel 4 build (X from registers in folded slots)"
+    if cfg.x_regs not in (0, 1, 2):
+        return "x_regs must be 0, 1 or 2"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -205,10 +210,12 @@ def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 
 
 def v4_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """``v4_configs`` with X fed to the wgmma from registers in folded slots (kernels_v4, X_REGS).
-    Compiled in CI and raced by scripts/mx_decode_probe.py (``--kernels 4``), not yet offered: not
-    yet measured on the H200."""
-    return [replace(c, x_regs=True) for c in v4_configs(rows, cols, k, fmt)]
+    """``v4_configs`` with X fed to the wgmma from registers in folded slots (kernels_v4, X_REGS 1), and
+    with the next slot's unpack overlapping the wgmma where every slot of a program folds (X_REGS 2).
+    Compiled in CI and raced by scripts/mx_decode_probe.py (``--kernels 4``), not yet offered: not yet
+    measured on the H200."""
+    out = [replace(c, x_regs=mode) for mode in (1, 2) for c in v4_configs(rows, cols, k, fmt)]
+    return [c for c in out if static_reason(c, fmt) is None]
 
 
 def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
