@@ -89,6 +89,64 @@ def test_v4_compiles_with_fp8_wgmma_and_no_spills(name):
     assert_compiles_without_spills(name)
 
 
+def _in_flight_writes(lines):
+    """Scan SASS instructions (predicates included): for each register-A QGMMA group up to its
+    WARPGROUP.DEPBAR, the instructions that write one of the group's accumulator (16 registers of a
+    64x32 FP32 tile) or A fragment (4 registers of FP8) registers; and the longest such stretch."""
+    import re
+
+    writes, widest, i = [], 0, 0
+    while i < len(lines):
+        if not re.match(r"QGMMA\S* R\d+, R\d+, gdesc", lines[i]):
+            i += 1
+            continue
+        busy, j = set(), i
+        while j < len(lines) and not lines[j].startswith("WARPGROUP.DEPBAR"):
+            body = re.sub(r"^@!?U?P\w+\s+", "", lines[j])
+            group = re.match(r"QGMMA\S* R(\d+), R(\d+), gdesc", body)
+            if group:
+                busy |= set(range(int(group.group(1)), int(group.group(1)) + 16))
+                busy |= set(range(int(group.group(2)), int(group.group(2)) + 4))
+            elif not body.startswith(("WARPGROUP", "QGMMA", "ST", "BAR", "BRA", "RED", "ATOM")):
+                parts = body.split(None, 1)
+                head = parts[1].split(",")[0] if len(parts) > 1 else ""
+                if {int(r) for r in re.findall(r"\bR(\d+)\b", head)} & busy:
+                    writes.append(lines[j])
+            j += 1
+        widest = max(widest, j - i)
+        i = j + 1
+    return writes, widest
+
+
+def test_in_flight_scan_sees_a_write():
+    lines = ["WARPGROUP.ARRIVE", "QGMMA.64x32x32.F32.E4M3.E4M3 R24, R40, gdesc[UR12], RZ, !UPT",
+             "LOP3.LUT R60, R61, 0xf, RZ, 0xc0, !PT", "@P0 IADD3 R42, R1, 0x1, RZ", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+    assert _in_flight_writes(lines) == (["@P0 IADD3 R42, R1, 0x1, RZ"], 3)   # QGMMA to the wait
+
+
+@pytest.mark.parametrize("name", [n for n in V4_SPECS if "_xr2[" in n and "swz=00" in n])
+def test_overlapped_build_leaves_in_flight_wgmma_registers_alone(name):
+    """X_REGS 2 unpacks the next slot while a wgmma with its A operand in registers runs: no instruction
+    between a register-A QGMMA group and its wait writes the group's registers, and some group has the
+    next slot's unpack (many instructions) in between."""
+    pytest.importorskip("triton")
+    import re
+    import subprocess
+    import tempfile
+
+    from tilefly.compile_check import _compile, _tool
+
+    spec = {s.name: s for s in configs.compile_specs()}[name]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(_compile(spec).asm["cubin"])
+        f.flush()
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    writes, widest = _in_flight_writes([m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)])
+    assert not writes, f"instructions overwrite registers of an in-flight wgmma: {writes[:3]}"
+    assert widest > 100, "no register-A wgmma group overlaps the next slot's unpack"
+
+
 # ---- the folded tables, transcribed ------------------------------------------------------------------
 
 def _e4m3(byte):

@@ -51,8 +51,9 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
                     K-ordered buffers and v2's per-block path, as without X_REGS.
                     X_REGS == 2, in a program whose every slot folds (``folded_pipeline``): slot s + 1 is
                     unpacked (X into registers, Y into the second of two Y buffers) while slot s's wgmma
-                    runs, one CTA barrier a slot. ptxas keeps the in-flight wgmma's A registers (SASS at
-                    c3971c3+: nothing writes them before the wait). Other programs run the slot loop.
+                    runs, one CTA barrier a slot. ptxas keeps the in-flight wgmma's A registers
+                    (test_mx_v4 scans the SASS: nothing writes them before the wait). Other programs run
+                    the slot loop.
     epilogue        tilefly.gluon.epilogue.finish_splitk, as v2.
     tails           TMA zero-fills rows past ROWS/COLS and K past the end; their staged scale bytes
                     are 127, so they contribute zeros (a K-tail slot may then not fold: its unused
