@@ -77,6 +77,7 @@ def test_eager_ab_run(precision):
     record = ab.run_ab("tiny", precision, [2, 3], input_len=8, output_len=4, device="cpu", compile_mode=None,
                        compare_steps=3, sides=(ab.SIDE_A, CPU_B), log=open("/dev/null", "w"))
     assert record["model"] == "tiny" and record["precision"] == precision
+    assert record["tol"] == {"bf16": 0.05, "mxfp8": 0.5, "mxfp4": 0.05}[precision]   # models.DEFAULT_TOL
     assert record["swapped_linears"] == (0 if precision == "bf16" else 14)
     assert [row["concurrency"] for row in record["rows"]] == [2, 3]
     for row in record["rows"]:

@@ -9,9 +9,9 @@ process, the weights, the prompts and (per concurrency) the KV cache.
 Per concurrency and side: reset Dynamo, compile and autotune on a short untimed run (its wall
 time is ``compile_s``; it also captures the first steps' logits), then ``runs`` timed
 generations (the fastest is kept). A and B must agree: logits of the prefill and the first
-decode steps within ``tol`` (relative to the largest reference logit), compared only on the
-rows whose earlier tokens agree (a near-tie flipped by rounding is not an error, but later
-steps of that row are then different sequences).
+decode steps within ``tol`` (relative to the largest reference logit; by default the precision's
+``models.DEFAULT_TOL``), compared only on the rows whose earlier tokens agree (a near-tie flipped
+by rounding is not an error, but later steps of that row are then different sequences).
 
 With one side only (``sides=(SIDE_A,)``, the CLI's ``--side``) each row also keeps that side's
 logits record (``check``), which the merge compares with the other side's (see split.py).
@@ -150,7 +150,7 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
 
 def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len: int = 256,
            output_len: int = 512, device: str = "cuda", compile_mode: str | None = "max-autotune",
-           runs: int = 1, compare_steps: int = 4, tol: float = 0.05, seed: int = 0,
+           runs: int = 1, compare_steps: int = 4, tol: float | None = None, seed: int = 0,
            sides: tuple[Side, ...] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
            compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None,
            profile_steps: int = 0, attention: str = "grouped", mx_swizzle: str = "32_4_4") -> dict[str, Any]:
@@ -158,6 +158,7 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
     record (see report.py). ``code_dir``: keep each side's generated wrapper code there, one file
     per concurrency; ``profile_steps``: see ``run_side``; ``attention``: see attention.py; ``mx_swizzle``:
     the MX scales' layout (both sides; activation scales are rearranged into it every step)."""
+    tol = models.DEFAULT_TOL[precision] if tol is None else tol
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed, attention=attention)
     swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend, swizzle=mx_swizzle)
     weights_sha = split.weights_sha(model)
