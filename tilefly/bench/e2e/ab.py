@@ -153,7 +153,7 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
            runs: int = 1, compare_steps: int = 4, tol: float | None = None, seed: int = 0,
            sides: tuple[Side, ...] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
            compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None,
-           profile_steps: int = 0, attention: str = "grouped", mx_swizzle: str = "32_4_4") -> dict[str, Any]:
+           profile_steps: int = 0, attention: str = "grouped", mx_swizzle: str = "none") -> dict[str, Any]:
     """Run A and B (or the one side in ``sides``) at each concurrency; returns the run's JSON-ready
     record (see report.py). ``code_dir``: keep each side's generated wrapper code there, one file
     per concurrency; ``profile_steps``: see ``run_side``; ``attention``: see attention.py; ``mx_swizzle``:
