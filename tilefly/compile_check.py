@@ -106,25 +106,30 @@ def ptxas_report(spec: KernelSpec) -> str:
                               capture_output=True, text=True, check=True).stderr
 
 
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([_tool("cuobjdump"), *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass(spec: KernelSpec) -> str:
+    """The spec's sm_90a machine code as cuobjdump prints it (tests read instructions from it)."""
+    return _cuobjdump(_compile(spec).asm["cubin"], "-sass")
+
+
 def compile_one(spec: KernelSpec) -> CompileResult:
     start = time.perf_counter()
     try:
         compiled = _compile(spec)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name],
-                                   capture_output=True, text=True, check=True).stdout
-            sass = ""
-            if spec.sass_must_contain:
-                sass = subprocess.run([_tool("cuobjdump"), "-sass", f.name],
-                                      capture_output=True, text=True, check=True).stdout
+        usage = _cuobjdump(compiled.asm["cubin"], "-res-usage")
+        code = _cuobjdump(compiled.asm["cubin"], "-sass") if spec.sass_must_contain else ""
     except Exception as exc:  # noqa: BLE001 - reported per kernel
         return CompileResult(spec, False, time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}"[:2000])
     m = _RES.search(usage)
     regs, stack, _, local = (int(g) for g in m.groups()) if m else (None, None, None, None)
     result = CompileResult(spec, True, time.perf_counter() - start, regs, stack, local, compiled.metadata.shared)
-    missing = [s for s in spec.sass_must_contain if s not in sass]
+    missing = [s for s in spec.sass_must_contain if s not in code]
     if missing:
         result.ok, result.error = False, f"SASS lacks {missing}: the kernel is not on the intended path"
     elif (local or 0) + (stack or 0) > spec.max_local_bytes:

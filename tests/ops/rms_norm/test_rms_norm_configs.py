@@ -280,15 +280,9 @@ def test_w_shift_applies_to_split_rows_with_a_weight_only():
 
 
 def _sass(spec):
-    import tempfile
+    from tilefly.compile_check import sass
 
-    from tilefly.compile_check import _compile, _tool
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(_compile(spec).asm["cubin"])
-        f.flush()
-        return subprocess.run([_tool("cuobjdump"), "-sass", f.name],
-                              capture_output=True, text=True, check=True).stdout
+    return sass(spec)
 
 
 def test_w_shift_turns_the_body_weight_loads_into_16_byte_loads():

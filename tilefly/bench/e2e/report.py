@@ -35,10 +35,14 @@ def _runs(data: dict[str, Any]) -> list[dict[str, Any]]:
     return list(data["runs"]) if data.get("kind") == MERGED_KIND else [data]
 
 
+def _setup(run: dict[str, Any]) -> tuple[Any, ...]:
+    """What a run measured, but for its precision and MX scale layout."""
+    return run["model"], run["input_len"], run["output_len"], run.get("compile_mode"), split.attention(run)
+
+
 def _key(run: dict[str, Any]) -> tuple[Any, ...]:
     """Runs merge into one table only when they measured the same thing."""
-    return (run["model"], run["precision"], run["input_len"], run["output_len"], run.get("compile_mode"),
-            split.attention(run), split.mx_swizzle(run))
+    return (*_setup(run), run["precision"], split.mx_swizzle(run))
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,11 +70,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _bf16_b(merged: dict[str, Any], run: dict[str, Any]) -> dict[int, float]:
     """The BF16 model's side-B tok/s per concurrency, from the run that matches ``run`` but for precision."""
-    def same_setup(key):   # all but the precision and the MX scale layout (the last field)
-        return key[:1] + key[2:-1]
-
     for other in merged["runs"]:
-        if other["precision"] == "bf16" and same_setup(_key(other)) == same_setup(_key(run)):
+        if other["precision"] == "bf16" and _setup(other) == _setup(run):
             return {row["concurrency"]: row["B"]["tok_s"] for row in other["rows"] if "tok_s" in row.get("B", {})}
     return {}
 

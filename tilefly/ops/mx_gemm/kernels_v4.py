@@ -260,15 +260,13 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     gl.thread_barrier()
 
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    pipelined = False       # a trace-time constant unless X_REGS == 2
     if X_REGS == 2:
         every_slot = gl.where(k_slots >= 32, -1, (1 << gl.minimum(k_slots, 31)) - 1)
-        if (fold_bits & every_slot) == every_slot:
-            acc = folded_pipeline(x_desc, y_desc, x_bufs, y_bufs, bars, y_all, words_x, words_y, acc, off_m, off_n,
-                                  slot_first, k_slots, moderate, plain, BLOCK_M, BLOCK_N, STAGES, num_warps)
-        else:
-            acc = slot_loop(x_desc, y_desc, x_bufs, y_bufs, bars, x_fp8, y_fp8, words_x, words_y, fold_bits, acc,
-                            off_m, off_n, slot_first, k_slots, k_blocks, moderate, plain, BLOCK_M, BLOCK_N, STAGES,
-                            X_REGS, num_warps)
+        pipelined = (fold_bits & every_slot) == every_slot
+    if pipelined:
+        acc = folded_pipeline(x_desc, y_desc, x_bufs, y_bufs, bars, y_all, words_x, words_y, acc, off_m, off_n,
+                              slot_first, k_slots, moderate, plain, BLOCK_M, BLOCK_N, STAGES, num_warps)
     else:
         acc = slot_loop(x_desc, y_desc, x_bufs, y_bufs, bars, x_fp8, y_fp8, words_x, words_y, fold_bits, acc,
                         off_m, off_n, slot_first, k_slots, k_blocks, moderate, plain, BLOCK_M, BLOCK_N, STAGES,
