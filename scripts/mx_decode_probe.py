@@ -39,9 +39,6 @@ def variants(rows: int, cols: int, k: int, fmt: str, kernels=(1, 2, 3)):
     from tilefly.ops.mx_gemm import configs
 
     base = [c for c in configs.offered(rows, cols, k, fmt) if c.kernel in kernels]
-    if 4 in kernels:          # v4 (MXFP4 scales folded into the operands) offered; its X-in-registers builds not yet
-        base += [c for c in configs.v4_configs(rows, cols, k, fmt) + configs.v4_regs_configs(rows, cols, k, fmt)
-                 if c not in base]
     more = []
     for cfg in (c for c in base if c.kernel in (2, 3, 4)):
         warps = cfg.num_warps
@@ -66,7 +63,7 @@ def main() -> None:
     ap.add_argument("--shape", action="append")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel; 4: the "
-                    "MXFP4 fold, with its X-in-registers builds, which are not yet offered)")
+                    "MXFP4 fold, with and without X from registers; pick runs the latter above 8 tokens)")
     ap.add_argument("--splits", default="auto,1,2,4,8,16,32", help="K-split counts to force ('auto': the launcher's)")
     ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()

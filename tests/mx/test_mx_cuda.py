@@ -44,6 +44,46 @@ def test_cuda_quantize_matches_cpu_bit_for_bit(fmt, swizzle, dtype):
         torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
 
 
+def _poisoned_allocator(nbytes):
+    """Leave the caching allocator holding freed blocks of 0x5A bytes, so outputs it hands out next
+    start as that poison rather than zeros (an element the kernel skips cannot pass as right)."""
+    for size in (nbytes, nbytes // 32, nbytes // 2):
+        torch.full((max(size, 1),), 0x5A, dtype=torch.uint8, device="cuda")
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows, k", [(9, 96), (4097, 4128), (3, 14336)])
+def test_cuda_quantize_kernel_matches_the_ops_bit_for_bit(monkeypatch, fmt, dtype, rows, k):
+    """quant.quantize_rows on CUDA runs kernels_quant (one program per 64 blocks, a tail program
+    here) and gives the ops' bytes, NaN blocks included, for every input dtype."""
+    from tilefly.mx import formats, quant
+    from tilefly.ops.mx_gemm.checks import quantize_input
+
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    x = quantize_input(dtype_name, rows, k, seed=int(torch.randint(0, 2 ** 31, ()))).cuda()
+    spec = formats.ELEMENTS[fmt]
+    want_data, want_scales = quant.quantize_rows_ops(x, spec)
+    assert quant.kernel_reason(x) is None
+    monkeypatch.setattr(quant, "quantize_rows_ops", lambda *a: pytest.fail("the ops served an eager CUDA call"))
+    _poisoned_allocator(rows * k)
+    data, scales = quant.quantize_rows(x, spec)
+    torch.cuda.synchronize()
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+
+
+def test_cuda_quantize_under_compile_traces_the_ops():
+    from tilefly.mx import formats, quant
+
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    spec = formats.ELEMENTS["mxfp8"]
+    torch._dynamo.reset()
+    data, scales = torch.compile(lambda t: quant.quantize_rows(t, spec), fullgraph=True)(x)
+    want_data, want_scales = quant.quantize_rows(x, spec)
+    assert torch.equal(scales, want_scales) and torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+
+
 def _mx_linear(fmt, backend, dtype=torch.bfloat16, bias=True):
     torch.manual_seed(1)
     lin = nn.Linear(4096, 1024, bias=bias).to("cuda", dtype)

@@ -247,3 +247,68 @@ def _q(fmt="mxfp8", **kw):
 def test_errors_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# ---- which implementation quantizes (quant.quantize_rows); its bits: the interpreter checks
+# (tilefly.ops.mx_gemm.checks, run by tests/ops/mx_gemm/test_mx_requant.py) and test_mx_cuda.py
+
+def test_cpu_tensors_take_the_ops_and_say_why(monkeypatch):
+    from tilefly.mx import formats, quant
+
+    monkeypatch.setattr(quant, "quantize_rows_kernel", lambda *a: pytest.fail("the kernel ran on a CPU tensor"))
+    x = torch.randn(4, 64)
+    assert "cpu" in quant.kernel_reason(x)
+    data, scales = quant.quantize_rows(x, formats.ELEMENTS["mxfp8"])
+    want_data, want_scales = quant.quantize_rows_ops(x, formats.ELEMENTS["mxfp8"])
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8)) and torch.equal(scales, want_scales)
+
+
+def test_a_failing_kernel_leaves_the_ops_to_serve_and_is_remembered(monkeypatch, caplog):
+    from tilefly.mx import formats, quant
+
+    def broken(x, spec):
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(quant, "kernel_reason", lambda x: quant._kernel_failed.get(x.get_device()))
+    monkeypatch.setattr(quant, "quantize_rows_kernel", broken)
+    monkeypatch.setattr(quant, "_kernel_failed", {})
+    x = torch.randn(3, 96)
+    spec = formats.ELEMENTS["mxfp4"]
+    with caplog.at_level("WARNING", logger="tilefly.mx"):
+        data, scales = quant.quantize_rows(x, spec)
+    want_data, want_scales = quant.quantize_rows_ops(x, spec)
+    assert torch.equal(data, want_data) and torch.equal(scales, want_scales)
+    assert "no kernel image" in caplog.text
+    assert "no kernel image" in quant._kernel_failed[x.get_device()]
+    assert quant.quantize_rows(x, spec)[1].equal(want_scales)      # second call: straight to the ops
+
+
+@pytest.mark.parametrize("fmt, rows, k", [("mxfp8", 3, 96), ("mxfp4", 129, 4096), ("mxfp8", 1, 14336)])
+def test_one_kernel_launch_covers_every_block(monkeypatch, fmt, rows, k):
+    from tilefly import _triton_launch
+    from tilefly.mx import formats, kernels_quant, quant
+
+    seen = {}
+    monkeypatch.setattr(_triton_launch, "launch_direct", lambda cache, kernel_of, grid, tensors, ints, constexprs,
+                        num_warps: seen.update(kernel=kernel_of(), grid=grid, tensors=tensors, ints=ints,
+                                               constexprs=constexprs))
+    spec = formats.ELEMENTS[fmt]
+    x = torch.randn(rows, 2 * k)[:, ::2]                 # strided rows: the launcher makes them contiguous
+    data, scales = quant.quantize_rows_kernel(x, spec)
+    assert seen["kernel"] is kernels_quant.mx_quantize_kernel
+    assert seen["tensors"][0].is_contiguous() and torch.equal(seen["tensors"][0], x)
+    assert seen["tensors"][1].data_ptr() == data.data_ptr() and data.shape == (rows, k // spec.per_byte)
+    assert seen["tensors"][2].data_ptr() == scales.data_ptr() and scales.shape == (rows, k // 32)
+    assert seen["ints"] == (rows * k // 32,)
+    assert seen["grid"] == (-(-rows * k // 32 // quant.KERNEL_BLOCKS), 1)
+    assert seen["constexprs"] == dict(EMAX=spec.emax, FP4=fmt == "mxfp4", BLOCKS=quant.KERNEL_BLOCKS)
+    assert data.dtype == (torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8)
+
+
+def test_no_rows_no_launch(monkeypatch):
+    from tilefly import _triton_launch
+    from tilefly.mx import formats, quant
+
+    monkeypatch.setattr(_triton_launch, "launch_direct", lambda *a, **kw: pytest.fail("launched for no rows"))
+    data, scales = quant.quantize_rows_kernel(torch.randn(0, 64), formats.ELEMENTS["mxfp4"])
+    assert data.shape == (0, 32) and scales.shape == (0, 2)

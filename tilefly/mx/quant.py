@@ -19,6 +19,7 @@ products beyond FP32/BF16 range (scales near 2**127) become Inf, those below its
 """
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -27,11 +28,74 @@ from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.layout import blocked_numel, from_blocked, to_blocked
 
+_log = logging.getLogger("tilefly.mx")
+
+KERNEL_BLOCKS = 64             # 32-element blocks a program of kernels_quant takes: 2048 elements, 16 a thread
+_launches: dict = {}           # compiled quantization kernels, replayed through _triton_launch.launch_direct
+_kernel_failed: dict = {}      # device index -> why the kernel could not run there (the ops serve instead)
+
 
 def quantize_rows(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, K) float tensor -> (data, scale bytes): data float8_e4m3fn (rows, K) or packed
     uint8 E2M1 codes (rows, K / 2); scale bytes uint8 (rows, K / 32), unswizzled. No checks:
-    the caller validated ``x``. Ordinary ops only, so it traces under ``torch.compile``."""
+    the caller validated ``x``. Eager CUDA calls run kernels_quant's one-pass kernel
+    (bit-identical); elsewhere, and while ``torch.compile`` traces (Inductor fuses the ops
+    itself), ``quantize_rows_ops``."""
+    if torch.compiler.is_compiling():   # traced: no logging (a graph break), the ops for Inductor to fuse
+        return quantize_rows_ops(x, spec)
+    reason = kernel_reason(x)
+    if reason is None:
+        try:
+            return quantize_rows_kernel(x, spec)
+        except Exception as err:  # noqa: BLE001 - any failure of the kernel leaves the ops to serve
+            reason = _kernel_failed[x.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
+            _log.warning("tilefly.mx: quantizing with PyTorch ops from now on on %s, %s", x.device, reason)
+    if x.is_cuda:
+        _log.debug("tilefly.mx: quantize_rows with PyTorch ops: %s", reason)
+    return quantize_rows_ops(x, spec)
+
+
+def kernel_reason(x: torch.Tensor) -> str | None:
+    """Why ``quantize_rows`` does not run kernels_quant on ``x``, or None when it does."""
+    if not x.is_cuda:
+        return f"{x.device.type} tensor (the kernel runs on CUDA devices)"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile (Inductor fuses the PyTorch ops)"
+    if x.get_device() in _kernel_failed:
+        return _kernel_failed[x.get_device()]
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed"
+    return None
+
+
+def _quantize_kernel():
+    from tilefly.mx.kernels_quant import mx_quantize_kernel
+
+    return mx_quantize_kernel
+
+
+def quantize_rows_kernel(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` through kernels_quant's kernel, whatever the device (CPU tensors: Triton's
+    interpreter, for the CI checks)."""
+    from tilefly import _triton_launch
+
+    rows, k = x.shape
+    x = x.contiguous()
+    data = torch.empty((rows, k // spec.per_byte), dtype=torch.uint8, device=x.device)
+    scale_bits = torch.empty((rows, k // BLOCK), dtype=torch.uint8, device=x.device)
+    n_blocks = scale_bits.numel()
+    if n_blocks:
+        _triton_launch.launch_direct(_launches, _quantize_kernel, (-(-n_blocks // KERNEL_BLOCKS), 1),
+                                     (x, data, scale_bits), (n_blocks,),
+                                     dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=KERNEL_BLOCKS), num_warps=4)
+    return (data.view(torch.float8_e4m3fn) if spec.name == "mxfp8" else data), scale_bits
+
+
+def quantize_rows_ops(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` in ordinary PyTorch ops: the rules' reference, and what ``torch.compile``
+    traces."""
     rows, k = x.shape
     blocks = x.float().reshape(rows, k // BLOCK, BLOCK)
     scale_bits = formats.scale_bits_from_amax(blocks.abs().amax(-1), spec.emax)

@@ -29,11 +29,13 @@ def test_v4_is_built_offered_and_picked_for_mxfp4_decode():
     assert not configs.v4_configs(4096, 32, 4096, "mxfp8") and not configs.v4_configs(4096, 65, 4096, "mxfp4")
     for cols in (1, 8, 9, 32, 64, 65, 4096):
         offered = [c for c in configs.offered(4096, cols, 4096, "mxfp4") if c.kernel == 4]
-        assert offered == configs.v4_configs(4096, cols, 4096, "mxfp4") and bool(offered) == (cols <= 64)
+        v4 = configs.v4_configs(4096, cols, 4096, "mxfp4") + configs.v4_regs_configs(4096, cols, 4096, "mxfp4")
+        assert offered == v4 and bool(offered) == (cols <= 64)
         picked = configs.pick(4096, cols, 4096, "mxfp4")
         assert (picked.kernel == 4) == (configs.V4_MIN_COLS < cols <= 64)
+        assert picked.x_regs == (picked.kernel == 4)
         if picked.kernel == 4:   # the staged v2 tile it replaces
-            assert replace(picked, kernel=2) in configs.v2_staged_configs(4096, cols, 4096, "mxfp4")
+            assert replace(picked, kernel=2, x_regs=0) in configs.v2_staged_configs(4096, cols, 4096, "mxfp4")
     assert all(configs.pick(4096, cols, 4096, "mxfp8").kernel == 2 for cols in (1, 32, 64, 4096))
 
 
@@ -50,18 +52,15 @@ def test_v4_validates_and_counts_one_unpacked_buffer():
 V4_SPECS = [s.name for s in configs.compile_specs() if ".mx4_" in s.name]
 
 
-def test_x_regs_builds_are_v4_only_and_not_offered():
+def test_x_regs_builds_are_v4_only():
     built = configs.v4_regs_configs(4096, 32, 4096, "mxfp4")
-    assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16_xr", "mx4_64x32_s4_w4_k16_ss16_xr",
-                                       "mx4_128x32_s4_w4_k16_ss16_xr2", "mx4_64x32_s4_w4_k16_ss16_xr2"]
+    assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16_xr", "mx4_64x32_s4_w4_k16_ss16_xr"]
+    assert [replace(c, x_regs=0) for c in built] == configs.v4_configs(4096, 32, 4096, "mxfp4")
     assert all(configs.static_reason(c, "mxfp4") is None for c in built)
+    assert built[0].smem_bytes("mxfp4") == replace(built[0], x_regs=0).smem_bytes("mxfp4")
     assert configs.static_reason(replace(built[0], kernel=2), "mxfp4").startswith("x_regs")
-    assert configs.static_reason(replace(built[0], x_regs=3), "mxfp4").startswith("x_regs")
-    # the overlapped build keeps a second unpacked Y buffer
-    assert built[2].smem_bytes("mxfp4") == built[0].smem_bytes("mxfp4") + 32 * 128
-    for cols in (1, 16, 32, 64):
-        assert not any(c.x_regs for c in configs.offered(4096, cols, 4096, "mxfp4"))
-        assert not configs.pick(4096, cols, 4096, "mxfp4").x_regs
+    for mode in (2, 3, -1):
+        assert configs.static_reason(replace(built[0], x_regs=mode), "mxfp4").startswith("x_regs must be 0 or 1")
 
 
 def test_fragment_order_is_the_documented_permutation():
@@ -81,63 +80,15 @@ def test_compile_specs_cover_every_v4_build():
     for cfg in configs.v4_configs(4096, 32, 4096, "mxfp4") + configs.v4_regs_configs(4096, 32, 4096, "mxfp4"):
         assert any(f".{cfg.name}[mxfp4,swz=00,bias=0,bf16" in name for name in V4_SPECS)
         assert any(f".{cfg.name}[mxfp4,swz=11,bias=1,fp16" in name for name in V4_SPECS)
+    for rows, cols, k in [(r, c, k) for r in (4096, 14336) for c in range(1, 65) for k in (4096, 14336)]:
+        picked = configs.pick(rows, cols, k, "mxfp4")   # every tile the eager path runs v4 on
+        assert picked.kernel != 4 or any(f".{picked.name}[mxfp4,swz=00,bias=0,bf16" in name for name in V4_SPECS)
 
 
 @pytest.mark.parametrize("name", V4_SPECS)
 def test_v4_compiles_with_fp8_wgmma_and_no_spills(name):
     pytest.importorskip("triton")
     assert_compiles_without_spills(name)
-
-
-def _in_flight_writes(lines):
-    """Scan SASS instructions (predicates included): for each register-A QGMMA group up to its
-    WARPGROUP.DEPBAR, the instructions that write one of the group's accumulator (16 registers of a
-    64x32 FP32 tile) or A fragment (4 registers of FP8) registers; and the longest such stretch."""
-    import re
-
-    writes, widest, i = [], 0, 0
-    while i < len(lines):
-        if not re.match(r"QGMMA\S* R\d+, R\d+, gdesc", lines[i]):
-            i += 1
-            continue
-        busy, j = set(), i
-        while j < len(lines) and not lines[j].startswith("WARPGROUP.DEPBAR"):
-            body = re.sub(r"^@!?U?P\w+\s+", "", lines[j])
-            group = re.match(r"QGMMA\S* R(\d+), R(\d+), gdesc", body)
-            if group:
-                busy |= set(range(int(group.group(1)), int(group.group(1)) + 16))
-                busy |= set(range(int(group.group(2)), int(group.group(2)) + 4))
-            elif not body.startswith(("WARPGROUP", "QGMMA", "ST", "BAR", "BRA", "RED", "ATOM")):
-                parts = body.split(None, 1)
-                head = parts[1].split(",")[0] if len(parts) > 1 else ""
-                if {int(r) for r in re.findall(r"\bR(\d+)\b", head)} & busy:
-                    writes.append(lines[j])
-            j += 1
-        widest = max(widest, j - i)
-        i = j + 1
-    return writes, widest
-
-
-def test_in_flight_scan_sees_a_write():
-    lines = ["WARPGROUP.ARRIVE", "QGMMA.64x32x32.F32.E4M3.E4M3 R24, R40, gdesc[UR12], RZ, !UPT",
-             "LOP3.LUT R60, R61, 0xf, RZ, 0xc0, !PT", "@P0 IADD3 R42, R1, 0x1, RZ", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
-    assert _in_flight_writes(lines) == (["@P0 IADD3 R42, R1, 0x1, RZ"], 3)   # QGMMA to the wait
-
-
-@pytest.mark.parametrize("name", [n for n in V4_SPECS if "_xr2[" in n and "swz=00" in n])
-def test_overlapped_build_leaves_in_flight_wgmma_registers_alone(name):
-    """X_REGS 2 unpacks the next slot while a wgmma with its A operand in registers runs: no instruction
-    between a register-A QGMMA group and its wait writes the group's registers, and some group has the
-    next slot's unpack (many instructions) in between."""
-    pytest.importorskip("triton")
-    import re
-
-    from tilefly.compile_check import sass as sass_of
-
-    sass = sass_of({s.name: s for s in configs.compile_specs()}[name])
-    writes, widest = _in_flight_writes([m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)])
-    assert not writes, f"instructions overwrite registers of an in-flight wgmma: {writes[:3]}"
-    assert widest > 100, "no register-A wgmma group overlaps the next slot's unpack"
 
 
 # ---- the folded tables, transcribed ------------------------------------------------------------------

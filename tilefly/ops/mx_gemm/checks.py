@@ -29,7 +29,64 @@ def interpreter_checks():
                for fmt, swz, scales, out, bias in upcasts]
     checks += [(f"rescale_in_place[{'some scales' if shifted else 'all scales 1'}]",
                 functools.partial(_check_rescale_in_place, shifted)) for shifted in (True, False)]
+    checks += [(f"quantize_rows[{fmt},{dtype},{rows}x{k}]", functools.partial(_check_quantize, fmt, dtype, rows, k))
+               for fmt, dtype, rows, k in (("mxfp8", "bf16", 5, 320), ("mxfp8", "fp32", 7, 640),
+                                           ("mxfp8", "fp16", 3, 96), ("mxfp4", "bf16", 7, 640),
+                                           ("mxfp4", "fp32", 5, 320), ("mxfp4", "fp16", 3, 96))]
     return checks
+
+
+def quantize_input(dtype_name: str, rows: int, k: int, seed: int):
+    """A (rows, k) tensor for the quantization checks (at least 9 blocks of 32): Gaussian blocks spread
+    over 2^-20 .. 2^20, and blocks 0-8 made of the cases the rounding rules name (zeros, NaN, +-Inf, the dtype's largest and
+    smallest magnitudes, exact E4M3 and E2M1 midpoints at scale 1, signed zeros)."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    info = torch.finfo(dtype)
+    g = torch.Generator().manual_seed(seed)
+    spread = torch.exp2(torch.randint(-20, 21, (rows, k // 32), generator=g).float()).repeat_interleave(32, 1)
+    x = (torch.randn(rows, k, generator=g) * spread).view(-1, 32)
+    x[0] = 0.0
+    x[1, 3], x[2, 5], x[3, 7] = float("nan"), float("inf"), -float("inf")
+    x[4] = torch.linspace(-1, 1, 32) * info.max
+    x[5] = torch.linspace(-1, 1, 32) * info.smallest_normal
+    x[5, 0] = info.smallest_normal * 2.0 ** -3       # subnormal in every input dtype
+    # Blocks 6 and 7 have amax 448 (E4M3's largest) and 6 (E2M1's): scale 1 in their format. They hold
+    # the midpoints between neighbouring codes of both parities (E4M3: normal and subnormal ties),
+    # block 8 the negation of 7 with a -0.0.
+    e4m3_ties = [448.0, 1.0625, 1.1875, 2.0 ** -10, 3 * 2.0 ** -10, 0.0078125 * 1.0625, 232.0, 240.0]
+    e2m1_ties = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.1, 5.5]
+    for block, ties, bound in ((6, e4m3_ties, 400.0), (7, e2m1_ties, 5.0)):
+        x[block] = torch.randn(32, generator=g).clamp(-bound, bound)
+        x[block, :len(ties)] = torch.tensor(ties)
+    x[8] = -x[7]
+    x[8, -1] = -0.0
+    return x.view(rows, k).to(dtype)
+
+
+def _check_quantize(fmt: str, dtype_name: str, rows: int, k: int) -> None:
+    """quant.quantize_rows_kernel (kernels_quant in the interpreter) against quantize_rows_ops, bit for
+    bit: every data byte and scale byte, from outputs the kernel must fully overwrite."""
+    import os
+
+    import torch
+
+    from tilefly.mx import formats, quant
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    x = quantize_input(dtype_name, rows, k, seed)
+    spec = formats.ELEMENTS[fmt]
+    want_data, want_scales = quant.quantize_rows_ops(x, spec)
+    got_data, got_scales = quant.quantize_rows_kernel(x, spec)
+    if not torch.equal(got_scales, want_scales):
+        bad = (got_scales != want_scales).nonzero()[:4].tolist()
+        raise AssertionError(f"scale bytes differ at {bad} (seed {seed})")
+    got, want = got_data.view(torch.uint8), want_data.view(torch.uint8)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()[:4].tolist()
+        raise AssertionError(f"data bytes differ at {bad}: {[(got[i, j].item(), want[i, j].item()) for i, j in bad]} "
+                             f"(seed {seed})")
 
 
 def _check_rescale_in_place(shifted: bool) -> None:

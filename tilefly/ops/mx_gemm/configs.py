@@ -5,13 +5,13 @@ slot is one K-block of 32), 2 (``kernels_v2.mx_gemm_v2_kernel``, a slot is BLOCK
 elements, async wgmma with the block-scale promotion overlapped; ``scale_slots`` > 0 stages the
 program's scale words in shared memory first), 3 (``kernels_v3``, the same slots upcast to BF16 in
 the CTA) or 4 (``kernels_v4``, MXFP4 only: the scales folded into the unpacked FP8 operands;
-``x_regs`` builds feed X to the wgmma from registers, compiled but not yet offered), ``block_m`` rows
-of the big side (the wgmma M slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring
-slots, ``num_warps``, and the most K-splits the launcher may use (it splits K until every SM runs
-``resident`` programs). ``pick(rows, cols, k, fmt)`` chooses the build the eager path runs (rows >=
-cols after the launcher's swap): the staged v2 build at <= 64 columns (v4 for MXFP4 above 8), v2
-above; ``offered`` lists the configs the benchmark races (v1, v2, staged v2 at <= 64 columns, v3 at
-33-64, v4 at <= 64).
+``x_regs`` builds feed X to the wgmma from registers), ``block_m`` rows of the big side (the wgmma M
+slot), ``block_n`` of the small side (wgmma N, 8..64), ``stages`` ring slots, ``num_warps``, and the
+most K-splits the launcher may use (it splits K until every SM runs ``resident`` programs).
+``pick(rows, cols, k, fmt)`` chooses the build the eager path runs (rows >= cols after the launcher's
+swap): the staged v2 build at <= 64 columns (v4 with X from registers for MXFP4 above 8), v2 above;
+``offered`` lists the configs the benchmark races (v1, v2, staged v2 at <= 64 columns, v3 at 33-64,
+v4 with and without X from registers at <= 64).
 
 Sizes: rings of ~48 KB (v1) to ~96 KB (v2) of operands per program; the accumulator and the
 per-K-block partials live in registers, so block_m * block_n is kept to 32 values a thread for v1
@@ -73,8 +73,7 @@ class MXConfig:
     kernel: int = 1
     bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
     scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
-    x_regs: int = 0           # v4: folded slots feed X to the wgmma from registers (kernels_v4, X_REGS: 1,
-                              # or 2 with the next slot's unpack overlapping the wgmma)
+    x_regs: int = 0           # v4: 1 feeds folded slots' X to the wgmma from registers (kernels_v4, X_REGS)
 
     @property
     def name(self) -> str:
@@ -103,8 +102,6 @@ class MXConfig:
                     + SMEM_RESERVE)
         buffers = 2 if self.kernel == 2 else 1     # v2 unpacks the next slot while one multiplies
         unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
-        if self.x_regs == 2:                       # a second Y buffer (kernels_v4, X_REGS == 2)
-            unpacked += self.block_n * self.block_k
         staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
         return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
 
@@ -127,8 +124,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
     if cfg.x_regs and cfg.kernel != 4:
         return "x_regs is a kernel 4 build (X from registers in folded slots)"
-    if cfg.x_regs not in (0, 1, 2):
-        return "x_regs must be 0, 1 or 2"
+    if cfg.x_regs not in (0, 1):
+        return "x_regs must be 0 or 1 (1: X from registers in folded slots)"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -210,11 +207,14 @@ def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 
 
 def v4_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
-    """``v4_configs`` with X fed to the wgmma from registers in folded slots (kernels_v4, X_REGS 1), and
-    with the next slot's unpack overlapping the wgmma where every slot of a program folds (X_REGS 2).
-    Compiled in CI and raced by scripts/mx_decode_probe.py (``--kernels 4``), not yet offered: not yet
-    measured on the H200."""
-    out = [replace(c, x_regs=mode) for mode in (1, 2) for c in v4_configs(rows, cols, k, fmt)]
+    """``v4_configs`` with X fed to the wgmma from registers in folded slots (kernels_v4, X_REGS), what
+    ``pick`` runs above V4_MIN_COLS tokens. Decode probe at d3f67b9 (BENCHMARKS.md session 28), us, v4 /
+    v4 X from registers at other rings of the pick's tile: 32 x 14336 x 4096 (128 x 32) 34.3 / 32.3,
+    34.2 / 32.5, 34.4 / 33.2 at 2, 3, 6 slots, 32 x 4096 x 14336 34.7 / 32.7, 34.1 / 33.1, 34.0 / 32.6; 32 x 4096 x 4096 (64 x 32) 16.7 / 17.6, 17.5 / 17.1,
+    22.3 / 17.1; 64 x 4096 x 4096 (64 x 64) 22.8 / 21.6 at 3, 22.3 / 22.8 at 6. The build that also
+    unpacked the next slot during the wgmma (X_REGS 2, a second Y buffer) took 1.2-1.9x as long on every
+    shape there and was removed."""
+    out = [replace(c, x_regs=1) for c in v4_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
 
 
@@ -252,7 +252,7 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
 # MXFP4 decode runs v4 above this many tokens. Decode probe at 93fa9af (BENCHMARKS.md session 24), us,
 # staged v2 against v4 on the shipped tile, ring and split: 32 x 14336 x 4096 36.8 / 34.5, 32 x 4096 x 14336
 # 38.0 / 34.7, 64 x 4096 x 4096 23.5 / 22.3, 32 x 4096 x 4096 17.4 / 17.2 (tie); at 8 tokens v4 lost
-# (128 x 8 tile: 15.4 / 17.3).
+# (128 x 8 tile: 15.4 / 17.3); v4 with X from registers at d3f67b9: 19.7 on that tile, 17.5 on 64 x 8.
 V4_MIN_COLS = 8
 
 
@@ -264,12 +264,15 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     race (66b0808 and b76a2b2) chose the staged 64-row build over v3 for both formats.
     v3 (whose BF16 upcast shares the BF16 route's exactness limit) stays offered to the race only, so
     every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18). MXFP4 above
-    V4_MIN_COLS tokens takes the same tile as v4 (exact too: slots that do not fold take v2's path)."""
+    V4_MIN_COLS tokens takes the same tile as v4 with X from registers (exact too: slots that do not
+    fold take v2's path). Decode probe at d3f67b9 (BENCHMARKS.md session 28), us, v4 / v4 X from
+    registers on the pick's tile and ring: 32 x 4096 x 4096 17.6 / 17.3, 64 x 4096 x 4096 22.0 / 21.6;
+    on 32 x 14336 x 4096 and 32 x 4096 x 14336 the pick's build was the fastest of all (32.1, 32.4)."""
     staged = v2_staged_configs(rows, cols, k, fmt)
     if len(staged) == 2:
         wide, narrow = staged
         chosen = wide if cols <= 32 and staged_rows(rows, cols, k, fmt) == 128 else narrow
-        folded = replace(chosen, kernel=4)
+        folded = replace(chosen, kernel=4, x_regs=1)
         if fmt == "mxfp4" and cols > V4_MIN_COLS and static_reason(folded, fmt) is None:
             return folded
         return chosen
@@ -281,11 +284,12 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
     the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``) and, at 33-64
-    columns, v3 (``v3_configs``); MXFP4 at <= 64 columns, v4 (``v4_configs``)."""
+    columns, v3 (``v3_configs``); MXFP4 at <= 64 columns, v4 (``v4_configs``, ``v4_regs_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
     return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v2_staged_configs(rows, cols, k, fmt),
-                        *v3_configs(rows, cols, k, fmt), *v4_configs(rows, cols, k, fmt))
+                        *v3_configs(rows, cols, k, fmt), *v4_configs(rows, cols, k, fmt),
+                        *v4_regs_configs(rows, cols, k, fmt))
             if static_reason(c, fmt) is None]
 
 
@@ -366,7 +370,7 @@ def _spec_name(cfg, fmt, xs, ys, bias, out, rows, words) -> str:
 def compile_specs():
     """Every shipped (format, config) with the benchmark's variant (unswizzled scales, no bias,
     BF16 out, the skinny swap's column-contiguous output), plus swizzled scales, bias and FP16
-    on one config per format and kernel, and v2's byte-wise scale loads."""
+    on one config per format and kernel, v2's byte-wise scale loads, and every v4 build ``pick`` runs."""
     from tilefly.compile_check import KernelSpec
 
     variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
@@ -380,11 +384,12 @@ def compile_specs():
         cfg2s = v2_staged_configs(4096, 16, 4096, fmt)[0]
         variants.append((fmt, cfg2s, True, True, 1, "fp16", False, True))
         variants.append((fmt, cfg2s, False, True, 2, "bf16", True, False))
-        for cfg4 in v4_configs(4096, 32, 4096, fmt):   # swizzled, bias, FP16 (shipped() has the plain build)
-            variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))
-        for cfg4 in v4_regs_configs(4096, 32, 4096, fmt):   # not offered yet: both variants here
-            variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
-            variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))
+        for cfg4 in v4_configs(4096, 32, 4096, fmt) + v4_regs_configs(4096, 32, 4096, fmt):
+            variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))   # shipped() has the plain build
+        for shape in ((4096, 16, 4096), (4096, 16, 14336), (4096, 64, 4096)):   # v4 picks beyond SHIPPED_SHAPES
+            cfg4 = pick(*shape, fmt)
+            if cfg4.kernel == 4:
+                variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
@@ -395,7 +400,7 @@ def compile_specs():
             name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
             kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
             num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
-    return specs + requant_specs() + upcast_specs()
+    return specs + requant_specs() + upcast_specs() + quantize_specs()
 
 
 def requant_specs():
@@ -414,6 +419,24 @@ def requant_specs():
             constexprs = dict(FP4=fmt == "mxfp4", BLOCK_KB=k // SCALE_BLOCK, CHUNK=requant.CHUNK)
             specs.append(KernelSpec(f"mx_gemm.requant[{fmt},K={k}]", _requant_kernel, sig, constexprs,
                                     attrs=aligned, num_warps=4, sass_must_contain=("F2FP.SATFINITE.E4M3", "STG.E.128")))
+    return specs
+
+
+def quantize_specs():
+    """tilefly.mx's eager quantization kernel (tilefly/mx/kernels_quant.py): both formats from each input
+    dtype, loads in 16-byte vectors and the data bytes stored 16 (E4M3) or 8 (E2M1 pairs) at a time."""
+    from tilefly.compile_check import KernelSpec
+    from tilefly.mx import formats, quant
+
+    specs = []
+    for fmt in FORMATS:
+        for dtype in ("bf16", "fp16", "fp32"):
+            sig = {"x_ptr": f"*{dtype}", "data_ptr": "*u8", "scale_ptr": "*u8", "n_blocks": "i32",
+                   "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr"}
+            constexprs = dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=quant.KERNEL_BLOCKS)
+            specs.append(KernelSpec(f"mx.quantize[{fmt},{dtype}]", _quantize_kernel, sig, constexprs,
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2)}, num_warps=4,
+                                    sass_must_contain=("LDG.E.128", "STG.E.64" if fmt == "mxfp4" else "STG.E.128")))
     return specs
 
 
@@ -451,6 +474,12 @@ def upcast_specs():
                                 constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 7, 8)},
                                 num_warps=8))
     return specs
+
+
+def _quantize_kernel():
+    from tilefly.mx import kernels_quant
+
+    return kernels_quant.mx_quantize_kernel
 
 
 def _upcast_kernel():

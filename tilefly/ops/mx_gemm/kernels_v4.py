@@ -36,7 +36,7 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
     barriers        ``ready`` per ring slot; a CTA barrier before each slot's unpack (the previous
                     slot's wgmmas, which read the unpacked buffers, retired in every warp) and after
                     it (fence_async_shared, then every warp's stores are visible to the wgmmas).
-    X_REGS          (``MXConfig.x_regs``; built, not yet offered) folded slots feed X to the wgmma from
+    X_REGS          (``MXConfig.x_regs``, what ``configs.pick`` runs) folded slots feed X to the wgmma from
                     registers instead of the unpacked buffer: no X stores, and the wgmma reads only Y
                     from shared memory. A thread loads 16 packed bytes, one K-block of one row, from the
                     ring slot (``x_packed_layout``: the rows a thread holds are those of its wgmma A
@@ -48,12 +48,10 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
                     permutation inside the slot, and Y's unpacked tile is stored permuted the same way,
                     so the four wgmmas still sum every product once. The folded scale factors are per
                     element, so the order does not matter to them; slots that do not fold take the
-                    K-ordered buffers and v2's per-block path, as without X_REGS.
-                    X_REGS == 2, in a program whose every slot folds (``folded_pipeline``): slot s + 1 is
-                    unpacked (X into registers, Y into the second of two Y buffers) while slot s's wgmma
-                    runs, one CTA barrier a slot. ptxas keeps the in-flight wgmma's A registers
-                    (test_mx_v4 scans the SASS: nothing writes them before the wait). Other programs run
-                    the slot loop.
+                    K-ordered buffers and v2's per-block path, as without X_REGS. Unpacking the next
+                    slot while this one's register-A wgmma ran (a second Y buffer, 3f473a9) took
+                    1.2-1.9x the time on every decode shape (decode probe at d3f67b9, BENCHMARKS.md
+                    session 28), so it was removed.
     epilogue        tilefly.gluon.epilogue.finish_splitk, as v2.
     tails           TMA zero-fills rows past ROWS/COLS and K past the end; their staged scale bytes
                     are 127, so they contribute zeros (a K-tail slot may then not fold: its unused
@@ -245,10 +243,8 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, BLOCK_K],
                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
-    Y_BUFS: gl.constexpr = 2 if X_REGS == 2 else 1
-    y_all = gl.allocate_shared_memory(gl.float8e4nv, [Y_BUFS, BLOCK_N, BLOCK_K],
+    y_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_N, BLOCK_K],
                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
-    y_fp8 = y_all.index(0)
     for i in gl.static_range(STAGES):
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
                    True, True, STAGES, pred=i < k_slots)
@@ -260,29 +256,6 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     gl.thread_barrier()
 
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-    pipelined = False       # a trace-time constant unless X_REGS == 2
-    if X_REGS == 2:
-        every_slot = gl.where(k_slots >= 32, -1, (1 << gl.minimum(k_slots, 31)) - 1)
-        pipelined = (fold_bits & every_slot) == every_slot
-    if pipelined:
-        acc = folded_pipeline(x_desc, y_desc, x_bufs, y_bufs, bars, y_all, words_x, words_y, acc, off_m, off_n,
-                              slot_first, k_slots, moderate, plain, BLOCK_M, BLOCK_N, STAGES, num_warps)
-    else:
-        acc = slot_loop(x_desc, y_desc, x_bufs, y_bufs, bars, x_fp8, y_fp8, words_x, words_y, fold_bits, acc,
-                        off_m, off_n, slot_first, k_slots, k_blocks, moderate, plain, BLOCK_M, BLOCK_N, STAGES,
-                        X_REGS, num_warps)
-    finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
-                  stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)
-
-
-@gluon.jit
-def slot_loop(x_desc, y_desc, x_bufs, y_bufs, bars, x_fp8, y_fp8, words_x, words_y, fold_bits, acc, off_m, off_n,
-              slot_first, k_slots, k_blocks, moderate, plain, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, X_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """The K loop, a slot at a time: folded slots as one chain (X from registers when X_REGS), the others
-    block by block."""
-    acc_layout: gl.constexpr = acc.type.layout
-    SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]
     even = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     odd = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     for s in range(k_slots):
@@ -324,57 +297,6 @@ def slot_loop(x_desc, y_desc, x_bufs, y_bufs, bars, x_fp8, y_fp8, words_x, words
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
                    True, True, STAGES, pred=ahead < k_slots)
-    return acc
 
-
-@gluon.jit
-def prepare_folded(x_bufs, y_bufs, bars, y_buf, words_x, words_y, s, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, acc_layout: gl.constexpr, num_warps: gl.constexpr):
-    """X_REGS == 2: wait for slot s, return its X as the register A operand and store its Y, both folded
-    and in fragment order, into ``y_buf``."""
-    slot = s % STAGES
-    wait_ready(bars, s, STAGES)
-    x_op = x_operand_folded(x_bufs.index(slot), words_x.index(s), BLOCK_M, acc_layout)
-    rows_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps)))
-    y_values = folded_values(y_bufs.index(slot), words_y.index(s).load(rows_layout), BLOCK_N, num_warps)
-    y_buf.store(fragment_order(y_values, BLOCK_N).to(gl.float8e4nv, bitcast=True))
-    return x_op
-
-
-@gluon.jit
-def folded_pipeline(x_desc, y_desc, x_bufs, y_bufs, bars, y_all, words_x, words_y, acc, off_m, off_n, slot_first,
-                    k_slots, moderate, plain, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    num_warps: gl.constexpr):
-    """X_REGS == 2, a program whose every slot folds: slot s + 1 is unpacked (X into registers, Y into
-    the other of two Y buffers) while slot s's wgmma runs. No wgmma is in flight at the loop's back edge
-    (C7514, kernels_v2's header)."""
-    acc_layout: gl.constexpr = acc.type.layout
-    SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]
-    x_op = prepare_folded(x_bufs, y_bufs, bars, y_all.index(0), words_x, words_y, 0, BLOCK_M, BLOCK_N, STAGES,
-                          acc_layout, num_warps)
-    fence_async_shared()
-    gl.thread_barrier()
-    partial = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-    for s in range(k_slots - 1):
-        wx = words_x.index(s).load(gl.SliceLayout(1, acc_layout))
-        wy = words_y.index(s).load(gl.SliceLayout(0, acc_layout))
-        partial = warpgroup_mma(x_op, y_all.index(s % 2).permute((1, 0)), partial, use_acc=False, is_async=True)
-        # Every warp read ring slot s (the barrier above): refill it.
-        ahead = s + STAGES
-        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
-                   True, True, STAGES, pred=ahead < k_slots)
-        # The other Y buffer's last reader, slot s - 1's wgmma, retired before the barrier above.
-        x_next = prepare_folded(x_bufs, y_bufs, bars, y_all.index((s + 1) % 2), words_x, words_y, s + 1, BLOCK_M,
-                                BLOCK_N, STAGES, acc_layout, num_warps)
-        # (x_op is no dep: wgmma waits track accumulators only; ptxas keeps an in-flight A operand's registers)
-        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-        acc = add_slot(acc, partial, wx, wy, moderate, plain)
-        fence_async_shared()
-        gl.thread_barrier()
-        x_op = x_next
-    last = k_slots - 1
-    wx = words_x.index(last).load(gl.SliceLayout(1, acc_layout))
-    wy = words_y.index(last).load(gl.SliceLayout(0, acc_layout))
-    partial = warpgroup_mma(x_op, y_all.index(last % 2).permute((1, 0)), partial, use_acc=False, is_async=True)
-    partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-    return add_slot(acc, partial, wx, wy, moderate, plain)
+    finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
+                  stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)

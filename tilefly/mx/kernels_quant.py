@@ -1,0 +1,89 @@
+"""MX quantization of contiguous rows in one pass (plain Triton): what ``quant.quantize_rows`` computes
+with a dozen PyTorch ops, each reading or writing the whole tensor in FP32.
+
+Why: an eager MXLinear (the e2e benchmark's prefill, any uncompiled model) quantizes its activation
+every call. The op-by-op path moves ~39 bytes a BF16 element (upcast, abs, amax, scale, clamp, cast,
+and for MXFP4 seven comparisons); this kernel reads the element once and writes its byte or nibble
+and, per 32 elements, one scale byte.
+
+The rules are quant.py's and the results are bit-identical to it, so the encoders below use integer
+and exact FP32 operations only (Triton's interpreter truncates FP8 subnormals where the GPU rounds):
+
+- the block's scale field is the largest FP32 exponent field among its elements (the field of amax;
+  255 when an element is Inf or NaN), minus emax, at least 0;
+- y = x * 2^(127 - field) is exact (a power of two that keeps y normal or zero);
+- E4M3: normals round their FP32 mantissa to three bits by an integer add (ties to even, a carry
+  moves into the exponent); below 2^-6, adding 2^14 leaves y rounded to a multiple of 2^-9 (FP32's
+  spacing there), ties to even, which is the subnormal code; magnitudes saturate at 448 first;
+  NaN becomes 0x7F with its sign, as torch's cast makes it;
+- E2M1: the code counts the midpoints between E2M1 magnitudes that |y| passes (``>=`` where a tie
+  rounds up to an even code, ``>`` elsewhere), plus the sign bit; NaN gives a signed zero code.
+
+Layout plan: the tensor is a sequence of 32-element blocks (rows are contiguous and K is a multiple
+of 32), so one program takes BLOCKS = 64 consecutive blocks as a [64, 32] tile over num_warps 4.
+In the sm_90a build Triton gives each thread half a block, 16 consecutive elements (two 16-byte
+loads of BF16), so a block's exponent maximum is one exchange between two lanes, and E4M3 bytes
+leave in one 16-byte store a thread. E2M1 codes are joined in pairs along the tile's last dim (low
+nibble first) through a layout change in 1 KB of shared memory, then stored 8 bytes a thread. One
+scale byte a block. (mx_gemm's configs.quantize_specs checks those vector widths in the SASS.)
+"""
+import triton
+import triton.language as tl
+
+E8M0_NAN = tl.constexpr(255)
+SCALE_BLOCK = tl.constexpr(32)
+E4M3_MAX_BITS = tl.constexpr(0x43E00000)      # 448.0 as FP32 bits
+E4M3_MIN_NORMAL_BITS = tl.constexpr(0x3C800000)  # 2^-6
+SUBNORMAL_SHIFTER = tl.constexpr(16384.0)     # 2^14: FP32 spacing 2^-9 at this magnitude
+SUBNORMAL_SHIFTER_BITS = tl.constexpr(0x46800000)
+
+
+@triton.jit
+def _e4m3_codes(y):
+    """E4M3 bytes (int32 0..255) of FP32 values y, rounded to nearest even, saturated at +-448."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag_bits = tl.minimum(bits & 0x7FFFFFFF, E4M3_MAX_BITS)   # NaN bits exceed Inf's: handled below
+    rounded = mag_bits + 0x7FFFF + ((mag_bits >> 20) & 1)
+    normal = (rounded >> 20) - ((127 - 7) << 3)
+    mag = mag_bits.to(tl.float32, bitcast=True)
+    subnormal = (mag + SUBNORMAL_SHIFTER).to(tl.int32, bitcast=True) - SUBNORMAL_SHIFTER_BITS
+    code = tl.where(mag_bits >= E4M3_MIN_NORMAL_BITS, normal, subnormal)
+    code = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7F, code)
+    return code | sign
+
+
+@triton.jit
+def _e2m1_codes(y):
+    """E2M1 codes (int32 0..15) of FP32 values y: round to nearest even, saturate at +-6."""
+    mag = tl.abs(y)
+    code = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32) + (mag > 1.25).to(tl.int32)
+    code += (mag >= 1.75).to(tl.int32) + (mag > 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
+    code += (mag > 5.0).to(tl.int32)
+    return code | ((y.to(tl.int32, bitcast=True) >> 28) & 8)
+
+
+@triton.jit
+def mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks, EMAX: tl.constexpr, FP4: tl.constexpr,
+                       BLOCKS: tl.constexpr):
+    blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    live = blk < n_blocks
+    col = tl.arange(0, SCALE_BLOCK)
+    x = tl.load(x_ptr + blk[:, None] * SCALE_BLOCK + col[None, :], mask=live[:, None], other=0.0)
+    if x_ptr.dtype.element_ty == tl.bfloat16:   # the bits moved up: exact for subnormals in the interpreter too
+        x = ((x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = x.to(tl.float32)
+    field = tl.max((x.to(tl.int32, bitcast=True) >> 23) & 0xFF, axis=1)
+    scale = tl.where(field == 0xFF, E8M0_NAN, tl.maximum(field - EMAX, 0))
+    inverse = (tl.where(scale == E8M0_NAN, 127, 254 - scale) << 23).to(tl.float32, bitcast=True)
+    y = x * inverse[:, None]
+    tl.store(scale_ptr + blk, scale.to(tl.uint8), mask=live)
+    if FP4:
+        lo, hi = tl.split(tl.reshape(_e2m1_codes(y), [BLOCKS, SCALE_BLOCK // 2, 2]))
+        pair = tl.arange(0, SCALE_BLOCK // 2)
+        tl.store(data_ptr + blk[:, None] * (SCALE_BLOCK // 2) + pair[None, :], (lo | (hi << 4)).to(tl.uint8),
+                 mask=live[:, None])
+    else:
+        tl.store(data_ptr + blk[:, None] * SCALE_BLOCK + col[None, :], _e4m3_codes(y).to(tl.uint8),
+                 mask=live[:, None])
