@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-SHAPES = ["8x4096x4096", "32x4096x4096", "32x14336x4096", "32x4096x14336", "64x4096x4096"]
+SHAPES = ["8x4096x4096", "32x4096x4096", "32x1024x4096", "32x14336x4096", "32x4096x14336", "64x4096x4096"]  # 1024: K / V
 
 
 def operands(m: int, n: int, k: int, fmt: str):

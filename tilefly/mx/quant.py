@@ -76,15 +76,18 @@ def _quantize_kernel():
     return mx_quantize_kernel
 
 
-def quantize_rows_kernel(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_kernel(x: torch.Tensor, spec: ElementFormat,
+                         out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_rows`` through kernels_quant's kernel, whatever the device (CPU tensors: Triton's
-    interpreter, for the CI checks)."""
+    interpreter, for the CI checks); ``out``: contiguous uint8 (data, scale bytes) to write into."""
     from tilefly import _triton_launch
 
     rows, k = x.shape
     x = x.contiguous()
-    data = torch.empty((rows, k // spec.per_byte), dtype=torch.uint8, device=x.device)
-    scale_bits = torch.empty((rows, k // BLOCK), dtype=torch.uint8, device=x.device)
+    if out is None:
+        out = (torch.empty((rows, k // spec.per_byte), dtype=torch.uint8, device=x.device),
+               torch.empty((rows, k // BLOCK), dtype=torch.uint8, device=x.device))
+    data, scale_bits = out
     n_blocks = scale_bits.numel()
     if n_blocks:
         _triton_launch.launch_direct(_launches, _quantize_kernel, (-(-n_blocks // KERNEL_BLOCKS), 1),

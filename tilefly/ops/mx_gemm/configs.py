@@ -210,8 +210,9 @@ def v4_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """``v4_configs`` with X fed to the wgmma from registers in folded slots (kernels_v4, X_REGS), what
     ``pick`` runs above V4_MIN_COLS tokens. Decode probe at d3f67b9 (BENCHMARKS.md session 28), us, v4 /
     v4 X from registers at other rings of the pick's tile: 32 x 14336 x 4096 (128 x 32) 34.3 / 32.3,
-    34.2 / 32.5, 34.4 / 33.2 at 2, 3, 6 slots, 32 x 4096 x 14336 34.7 / 32.7, 34.1 / 33.1, 34.0 / 32.6; 32 x 4096 x 4096 (64 x 32) 16.7 / 17.6, 17.5 / 17.1,
-    22.3 / 17.1; 64 x 4096 x 4096 (64 x 64) 22.8 / 21.6 at 3, 22.3 / 22.8 at 6. The build that also
+    34.2 / 32.5, 34.4 / 33.2 at 2, 3, 6 slots, 32 x 4096 x 14336 34.7 / 32.7, 34.1 / 33.1, 34.0 / 32.6;
+    32 x 4096 x 4096 (64 x 32) 16.7 / 17.6, 17.5 / 17.1, 22.3 / 17.1; 64 x 4096 x 4096 (64 x 64)
+    22.9 / 22.7 at 2, 22.8 / 21.6 at 3, 22.3 / 22.8 at 6. The build that also
     unpacked the next slot during the wgmma (X_REGS 2, a second Y buffer) took 1.2-1.9x as long on every
     shape there and was removed."""
     out = [replace(c, x_regs=1) for c in v4_configs(rows, cols, k, fmt)]
