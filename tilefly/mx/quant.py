@@ -19,6 +19,8 @@ products beyond FP32/BF16 range (scales near 2**127) become Inf, those below its
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import math
 
@@ -41,8 +43,6 @@ def quantize_rows(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, t
     the caller validated ``x``. Eager CUDA calls run kernels_quant's one-pass kernel
     (bit-identical); elsewhere, and while ``torch.compile`` traces (Inductor fuses the ops
     itself), ``quantize_rows_ops``."""
-    if torch.compiler.is_compiling():   # traced: no logging (a graph break), the ops for Inductor to fuse
-        return quantize_rows_ops(x, spec)
     reason = kernel_reason(x)
     if reason is None:
         try:
@@ -50,7 +50,7 @@ def quantize_rows(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, t
         except Exception as err:  # noqa: BLE001 - any failure of the kernel leaves the ops to serve
             reason = _kernel_failed[x.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
             _log.warning("tilefly.mx: quantizing with PyTorch ops from now on on %s, %s", x.device, reason)
-    if x.is_cuda:
+    if x.is_cuda and not torch.compiler.is_compiling():   # logging while traced would break the graph
         _log.debug("tilefly.mx: quantize_rows with PyTorch ops: %s", reason)
     return quantize_rows_ops(x, spec)
 
@@ -61,13 +61,12 @@ def kernel_reason(x: torch.Tensor) -> str | None:
         return f"{x.device.type} tensor (the kernel runs on CUDA devices)"
     if torch.compiler.is_compiling():
         return "traced by torch.compile (Inductor fuses the PyTorch ops)"
-    if x.get_device() in _kernel_failed:
-        return _kernel_failed[x.get_device()]
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "Triton is not installed"
-    return None
+    return _kernel_failed.get(x.get_device()) or _triton_missing()
+
+
+@functools.cache
+def _triton_missing() -> str | None:
+    return None if importlib.util.find_spec("triton") else "Triton is not installed"
 
 
 def _quantize_kernel():

@@ -80,7 +80,7 @@ class MXConfig:
         prefix = "mx" if self.kernel == 1 else f"mx{self.kernel}_"
         sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
-        regs = {0: "", 1: "_xr"}.get(self.x_regs, f"_xr{self.x_regs}")
+        regs = "_xr" if self.x_regs else ""
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
                 f"{sets}{staged}{regs}")
 
