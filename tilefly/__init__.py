@@ -63,6 +63,10 @@ def enable(ops: Iterable[str] | str | None = None) -> tuple[str, ...]:
         return enabled_ops()
     families = [_ops.load(name) for name in names]
     _dispatch.install([f.name for f in families if f.reached_by == "eager"])
+    if "mx_gemm" in names:   # MXLinear's compiled graphs: one quantization per activation
+        from tilefly.mx import shared_quant_pass
+
+        shared_quant_pass.install()
     inductor = {f.name for f in families if f.reached_by == "inductor"}
     if inductor:
         from tilefly import _inductor
@@ -79,6 +83,8 @@ def disable(ops: Iterable[str] | str | None = None) -> None:
     _inductor_families.difference_update(_inductor_families if names is None else names)
     if "tilefly._inductor" in sys.modules:  # never import Inductor just to undo nothing
         sys.modules["tilefly._inductor"].uninstall(names)
+    if "tilefly.mx.shared_quant_pass" in sys.modules and (names is None or "mx_gemm" in names):
+        sys.modules["tilefly.mx.shared_quant_pass"].uninstall()
 
 
 def enabled_ops() -> tuple[str, ...]:

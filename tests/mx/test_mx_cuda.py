@@ -129,3 +129,46 @@ def test_cuda_scaled_mm_with_tilefly(fmt, swizzle, dtype):
         _check(m(x), _reference(m, x))
         torch._dynamo.reset()
         _check(torch.compile(m)(x), _reference(m, x))
+
+
+class _Siblings(nn.Module):
+    """q / k / v-like: three MX projections of one activation (``x * 2``: exact, so compiled and
+    eager quantize the same bits)."""
+
+    def __init__(self, fmt, dtype):
+        super().__init__()
+        self.projections = nn.ModuleList(
+            mx.MXLinear.from_linear(nn.Linear(4096, n, bias=False).to("cuda", dtype), fmt, swizzle="none")
+            for n in (1024, 256, 256))
+
+    def forward(self, x):
+        h = x * 2
+        return [p(h) for p in self.projections]
+
+
+@pytest.mark.skipif(MX_FAMILY not in FAMILIES, reason=f"tilefly has no {MX_FAMILY} family yet")
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_cuda_compiled_siblings_share_one_quantization_kernel(fmt, mode):
+    """Compiled on CUDA, MXLinear quantizes through tilefly::mx_quantize_rows (kernels_quant's
+    kernel), the SharedQuantization pass keeps one call for the three projections, and the outputs
+    equal eager mode's bit for bit, CUDA graphs included."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(3)
+    m = _Siblings(fmt, torch.bfloat16)
+    with tilefly.enabled(MX_FAMILY):
+        torch._dynamo.reset()
+        compiled = torch.compile(m, mode=mode)
+        for step in range(3):     # CUDA graph trees: warm-up, record, replay
+            x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+            if step == 0:
+                outs, (code,) = run_and_get_code(compiled, x)
+                assert code.count("torch.ops.tilefly.mx_quantize_rows.default(") == 1
+                assert code.count("torch.ops.tilefly.mx_linear_mm.default(") == 3
+            else:
+                outs = compiled(x)
+            eager = m(x)
+            for got, want in zip(outs, eager):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch._dynamo.reset()

@@ -21,7 +21,9 @@ implementation), because tracing ``F.scaled_mm`` itself fails both ways: torch 2
 not trace ``aten::_scaled_mm_v2`` (a graph break at every MX layer, so a decode step is no longer
 one CUDA graph), and torch 2.13's meta function rejects NO_SWIZZLE MX scales and counts MXFP4
 scales from the packed K / 2 (so K > 128 fails). The op runs the same eager call at run time, where
-tilefly's override serves it.
+tilefly's override serves it. On CUDA the activation's quantization is opaque too,
+``tilefly::mx_quantize_rows`` (tilefly.mx.quant_op says why); the ``"dequant"`` backend, the stock
+path, keeps the PyTorch ops for Inductor to fuse.
 
 Inference only: quantization passes no gradient.
 
@@ -42,6 +44,7 @@ from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK
 from tilefly.mx.layout import from_blocked, to_blocked
 from tilefly.mx.quant import dequantize_rows, quantize_rows
+from tilefly.mx.quant_op import mx_quantize_rows
 
 BACKENDS = ("scaled_mm", "dequant")
 ACTIVATIONS = ("dynamic",)
@@ -181,7 +184,11 @@ class MXLinear(nn.Module):
             raise ValueError(f"MXLinear expects a float32/bfloat16/float16 input with last dim {self.in_features}, "
                              f"got {x.dtype} of shape {tuple(x.shape)}")
         lead = x.shape[:-1]
-        a_data, a_scale_bits = quantize_rows(x.reshape(-1, self.in_features), formats.ELEMENTS[self.fmt])
+        rows = x.reshape(-1, self.in_features)
+        if self.backend == "scaled_mm" and rows.is_cuda and torch.compiler.is_compiling():
+            a_data, a_scale_bits = mx_quantize_rows(rows, self.fmt)   # tilefly.mx.quant_op says why
+        else:
+            a_data, a_scale_bits = quantize_rows(rows, formats.ELEMENTS[self.fmt])
         if self.backend == "dequant":
             out = self._dequant_mm(a_data, a_scale_bits)
         else:
