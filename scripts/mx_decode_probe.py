@@ -79,8 +79,8 @@ def main() -> None:
     real_choose = launch.choose_splits
     forced: list[int | None] = [None]
 
-    def choose(cfg, tiles, k_steps, slots):
-        s = real_choose(cfg, tiles, k_steps, slots) if forced[0] is None else min(forced[0], k_steps)
+    def choose(cfg, tiles, k_steps, slots, split_cost=0.0):
+        s = real_choose(cfg, tiles, k_steps, slots, split_cost) if forced[0] is None else min(forced[0], k_steps)
         chosen_splits.append(s)
         return s
 

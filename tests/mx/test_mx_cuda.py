@@ -161,7 +161,7 @@ def test_cuda_compiled_siblings_share_one_quantization_kernel(fmt, mode):
         torch._dynamo.reset()
         compiled = torch.compile(m, mode=mode)
         for step in range(3):     # CUDA graph trees: warm-up, record, replay
-            x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(32, 1, 4096, device="cuda", dtype=torch.bfloat16)     # decode: one token a request
             if step == 0:
                 outs, (code,) = run_and_get_code(compiled, x)
                 assert code.count("torch.ops.tilefly.mx_quantize_rows.default(") == 1

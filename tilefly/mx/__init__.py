@@ -7,7 +7,10 @@
 
 Modules: ``formats`` (element/scale formats, bit-level helpers), ``layout`` (the
 SWIZZLE_32_4_4 scale layout), ``quant`` (quantize/dequantize and their rounding rules),
-``linear`` (MXLinear, swap_linears). Plain PyTorch: importing this compiles nothing.
+``kernels_quant`` (the one-pass Triton quantization kernel CUDA tensors run), ``quant_op``
+(that kernel as ``tilefly::mx_quantize_rows`` in compiled graphs), ``shared_quant_pass`` (the
+Inductor pass ``tilefly.enable()`` installs so one activation is quantized once), ``linear``
+(MXLinear, swap_linears). Importing this compiles nothing and does not import Inductor.
 """
 from tilefly.mx.formats import BLOCK, FORMATS, FP4_VALUES, SWIZZLES
 from tilefly.mx.layout import blocked_numel, from_blocked, to_blocked

@@ -1,12 +1,13 @@
 """``tilefly::mx_quantize_rows``: MX activation quantization as one opaque op in compiled graphs.
 
 Traced as PyTorch ops, ``quantize_rows`` gave Inductor a poor decode step (Llama-3.1-8B, 32
-requests, H200, session 29 profile): the block amax, a reduction over 32 elements, cannot share a
-kernel with the RMSNorm before it, a reduction over K, so each quantization became kernels of its
-own, and the two largest RMSNorm reductions feeding them took 13.8 and 23.5 µs a call (the BF16
-model's: 7.4 and 9.6). The op hands the
-quantization to kernels_quant's one-pass kernel (bit-identical to the ops, which serve wherever the
-kernel does not: CPU tensors, no Triton, a failed launch), and Inductor writes a plain RMSNorm.
+requests, H200, BENCHMARKS.md session 29): the block amax, a reduction over 32 elements, cannot
+share a kernel with the RMSNorm before it, a reduction over K, so each quantization took kernels of
+its own, and two RMSNorm reductions feeding them took 13.8 and 23.5 µs a call. The op runs
+kernels_quant's one-pass kernel instead (bit-identical to the ops, which serve wherever the kernel
+does not: CPU tensors, no Triton, a failed launch): at 57a0cc3 the step's Inductor kernels fell from
+1586 to 697 µs, and the op's took 328. It quantizes its input as eager mode rounded it (BF16), where
+Inductor's fused ops may quantize an unrounded FP32 intermediate.
 
 Compiled graphs do not deduplicate calls: q, k and v projections of one activation make three.
 ``tilefly.mx.shared_quant_pass`` (installed by ``tilefly.enable()``) keeps one.

@@ -11,16 +11,30 @@ import threading
 
 import torch
 from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 import tilefly.mx.quant_op  # noqa: F401 - registers the op this pass looks for
 
 _lock = threading.Lock()
+_VIEWS = {torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default}
+
+
+def _value_key(arg):
+    """A hashable stand-in for ``arg`` equal for equal values: each projection flattens its activation
+    with a view of its own (MXLinear's reshape), so views of one tensor to one shape count as one."""
+    if isinstance(arg, torch.fx.Node):
+        if arg.op == "call_function" and arg.target in _VIEWS:
+            return ("view", _value_key(arg.args), _value_key(tuple(sorted(arg.kwargs.items()))))
+        return arg
+    if isinstance(arg, (list, tuple)):
+        return tuple(_value_key(a) for a in arg)
+    return arg
 
 
 class SharedQuantization(CustomGraphPass):
-    """Keeps the first ``mx_quantize_rows`` node of each (args, kwargs) and points later ones' users
-    at it; then runs ``then``, the pass it displaced (if any)."""
+    """Keeps the first ``mx_quantize_rows`` node of each (args, kwargs), views of one tensor to one
+    shape counting as one argument, and points later ones' users at it; then runs ``then``, the
+    pass it displaced (if any)."""
 
     def __init__(self, then=None):
         self.then = then
@@ -31,7 +45,7 @@ class SharedQuantization(CustomGraphPass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not target:
                 continue
-            key = (node.args, tuple(sorted(node.kwargs.items())))
+            key = (_value_key(node.args), _value_key(tuple(sorted(node.kwargs.items()))))
             if key in first:
                 node.replace_all_uses_with(first[key])
                 graph.erase_node(node)
@@ -41,12 +55,14 @@ class SharedQuantization(CustomGraphPass):
             self.then(graph)
 
     def uuid(self):
-        # The FX graph cache keys on this; a displaced pass without a key of its own keeps
-        # the graph out of the cache, as Inductor would have without tilefly.
+        # The FX graph cache keys on this (the pass's source, so an edited pass misses the cache);
+        # a displaced pass without a key of its own keeps the graph out of the cache, as Inductor
+        # would have without tilefly.
+        own = get_hash_for_files((__file__,))
         if self.then is None:
-            return "tilefly-shared-mx-quantization-1"
+            return own
         inner = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
-        return None if inner is None else ("tilefly-shared-mx-quantization-1", inner)
+        return None if inner is None else (own, inner)
 
 
 def install() -> None:

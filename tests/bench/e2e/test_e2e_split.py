@@ -55,7 +55,7 @@ def test_split_merge_matches_a_both_sides_run(runs, tmp_path, capsys):
     for row, ref_row in zip(run["rows"], ref_run["rows"]):
         assert set(row) == set(ref_row) | {"split"} and "check" not in row
         assert row["prompts_sha"] == ref_row["prompts_sha"]
-        assert row["split"] == {"A": a.name, "B": b.name}
+        assert row["split"] == {"A": a.name, "B": b.name} and "commits" not in row   # one commit
         agree, ref_agree = row["agreement"], ref_row["agreement"]
         assert set(agree) == set(ref_agree) | {"basis"}
         for key in ("ok", "max_rel_err", "rows_compared", "top1_match", "token_match", "timed_token_match"):
@@ -93,6 +93,19 @@ def test_a_mismatched_pair_is_refused(runs, tmp_path, capsys, field, value):
     err = capsys.readouterr().err
     assert f"{field} " in err and str(a) in err and str(bad) in err
     assert not (tmp_path / "out" / "e2e.json").exists()
+
+
+def test_sides_from_other_commits_say_so(runs, tmp_path, capsys):
+    _, a, b = runs
+    data = json.loads(b.read_text())
+    data["commit"] = "later1"
+    later = tmp_path / b.name
+    later.write_text(json.dumps(data))
+    assert main(["--merge", str(a), str(later), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
+    a_commit = json.loads(a.read_text())["commit"]
+    for row in report.load(str(tmp_path / "out" / "e2e.json"))["runs"][0]["rows"]:
+        assert row["commits"] == {"A": a_commit, "B": "later1"}
+    assert f"A at commit {a_commit}, B at later1" in capsys.readouterr().out
 
 
 def test_other_prompts_are_refused(runs, tmp_path):

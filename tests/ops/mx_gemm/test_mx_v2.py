@@ -152,6 +152,20 @@ def test_staged_plan_keeps_each_split_within_its_scale_slots(launch_cpu, slots):
     assert unstaged.constexprs["SCALE_SLOTS"] == 0
 
 
+@pytest.mark.parametrize("n, splits", [(1024, 8), (4096, 4)])
+def test_decode_plan_counts_a_cost_per_split(launch_cpu, n, splits):
+    """MXFP8 decode probe at d1dbf60, picked tile, 32 tokens x K 4096: the K / V projection (N 1024,
+    16 row tiles) ran fastest in 8 splits of 4 slots (11.3 us; 16 splits of 2: 12.8), N 4096 in 4
+    splits of 8 (13.7 us; 8 splits: 15.6). Without a cost per split the planner chose 16 for N 1024."""
+    cfg = configs.pick(n, 32, 4096, "mxfp8")
+    tiles = n // cfg.block_m
+    assert launch_cpu.plan_splits(cfg, tiles, 4096, "mxfp8", 132) == (splits, 32 // splits)
+    k_steps, slots = 32, 132 * configs.resident(cfg, "mxfp8")
+    assert configs.SPLIT_COST_STEPS > 0
+    if n == 1024:   # what the cost changed
+        assert launch_cpu.choose_splits(cfg, tiles, k_steps, slots) == 16
+
+
 def test_staged_scales_validate_and_count_in_shared_memory():
     cfg = configs.MXConfig(128, 32, 4, 4, kernel=2, scale_slots=16)
     assert cfg.name == "mx2_128x32_s4_w4_k16_ss16"

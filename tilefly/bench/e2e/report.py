@@ -114,6 +114,8 @@ def run_table(run: dict[str, Any], bf16_b: dict[int, float]) -> list[str]:
             notes += [f"B's tilefly GEMM kernels a step (profile): {kernels}"
                       for kernels in [e2e_profile.tilefly_gemms(b["profile"])] if kernels]
         notes += [row["note"]] if row.get("note") else ["separate runs"] if row.get("split") else []
+        if row.get("commits"):
+            notes.append("A at commit {A}, B at {B}".format(**row["commits"]))
         cells += [_agreement(row), "; ".join(notes)]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return lines

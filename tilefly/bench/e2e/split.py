@@ -183,6 +183,8 @@ def _pair(a_run: dict, a_row: dict, b_run: dict, b_row: dict) -> dict[str, Any]:
     a, b = a_row["A"], b_row["B"]
     row: dict[str, Any] = {"concurrency": conc, "prompts_sha": a_row.get("prompts_sha"), "A": a, "B": b,
                            "split": {"A": _label(a_run, True), "B": _label(b_run, True)}}
+    if a_run.get("commit") != b_run.get("commit"):   # the header names only the later run's commit
+        row["commits"] = {"A": a_run.get("commit"), "B": b_run.get("commit")}
     checks = a_row.get("check", {}).get("A"), b_row.get("check", {}).get("B")
     if all(checks):
         row["agreement"] = agreement(*checks, tol=min(a_run.get("tol", 0.05), b_run.get("tol", 0.05)))

@@ -204,17 +204,18 @@ def resident(cfg: GemmConfig) -> int:
     return programs_per_sm(cfg.smem_bytes(), cfg.num_warps, REGS_PER_THREAD)
 
 
-def choose_splits(cfg: GemmConfig, tiles: int, k_iters: int, num_sms: int) -> int:
+def choose_splits(cfg: GemmConfig, tiles: int, k_iters: int, num_sms: int, split_cost: float = 0.0) -> int:
     """K-splits for a splitk launch. ``num_sms`` counts program slots (SMs x ``resident``),
-    so a launch takes about waves x (K-steps per split + overhead); pick the split count
-    that minimizes it (fewest splits on ties), never leaving a split empty."""
+    so a launch takes about waves x (K-steps per split + overhead), plus ``split_cost`` K-steps
+    per split (the partials' reduction, where a caller measured it); pick the split count that
+    minimizes it (fewest splits on ties), never leaving a split empty."""
     best, best_time = 1, None
     for splits in range(1, min(cfg.max_splits, k_iters) + 1):
         per_split = -(-k_iters // splits)
         if -(-k_iters // per_split) != splits:
             continue  # the same per-split length as a smaller count: that one already counted
         waves = -(-(tiles * splits) // num_sms)
-        time = waves * (per_split + SPLIT_OVERHEAD_STEPS)
+        time = waves * (per_split + SPLIT_OVERHEAD_STEPS) + splits * split_cost
         if best_time is None or time < best_time:
             best, best_time = splits, time
     return best

@@ -53,6 +53,11 @@ V2_REGS_SKINNY = 136        # block_m * block_n / (32 * num_warps) <= 8
 # slots, whose scale words it loads once before the ring; the launcher splits K so. Offered at <= 64
 # columns (decode), where a launch is one or two waves of short programs.
 STAGED_SLOTS = (8, 16, 32)
+# K-steps each extra split costs (its partial tile written, then reduced): without it the planner
+# split decode shapes with few row tiles down to 2 steps a program. MXFP8 decode probe at d1dbf60
+# (BENCHMARKS.md session 29), picked tile, 32 x 1024 x 4096: 4 / 8 / 16 splits 11.8 / 11.3 / 12.8 us
+# (16 planned); 32 x 4096 x 4096: 2 / 4 / 8 splits 14.8 / 13.7 / 15.6 (4 planned, kept).
+SPLIT_COST_STEPS = 0.5
 V2_STAGED_SLOTS = 16
 V2_STAGED_STAGES = 4
 V2_STAGED_REGS = 176        # sm_90a, triton 3.6: 168 for 128x32 over 4 warps (no per-slot scale addresses), 59-114 below

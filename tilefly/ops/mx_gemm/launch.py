@@ -97,6 +97,14 @@ def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     return out
 
 
+def plan_splits(cfg, tiles: int, k: int, fmt: str, sms: int) -> tuple[int, int]:
+    """(K-splits, K-steps a split) of ``tiles`` output tiles of ``cfg`` on ``sms`` SMs."""
+    k_steps = _cdiv(k, cfg.block_k)              # ring slots along K (v1: the K-blocks)
+    splits = choose_splits(cfg, tiles, k_steps, sms * configs.resident(cfg, fmt), configs.SPLIT_COST_STEPS)
+    per_split = _cdiv(k_steps, max(splits, cfg.min_splits(k)))
+    return _cdiv(k_steps, per_split), per_split
+
+
 def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     fp4 = p.fmt == "mxfp4"
     x, y = a, b.t()                              # [M, K bytes], [N, K bytes], both row-major
@@ -115,11 +123,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
     tiles = _cdiv(rows, cfg.block_m) * _cdiv(cols, cfg.block_n)
     k_blocks = p.k // SCALE_BLOCK
-    k_steps = _cdiv(p.k, cfg.block_k)            # ring slots along K (v1: the K-blocks)
-    splits = choose_splits(cfg, tiles, k_steps, _device.sm_count(out) * configs.resident(cfg, p.fmt))
-    splits = max(splits, cfg.min_splits(p.k))
-    per_split = _cdiv(k_steps, splits)
-    splits = _cdiv(k_steps, per_split)
+    splits, per_split = plan_splits(cfg, tiles, p.k, p.fmt, _device.sm_count(out))
 
     bias_arg = out if bias is None else bias
     args = [x_desc, y_desc, Address(sx.data_ptr(), torch.uint8), Address(sy.data_ptr(), torch.uint8),
