@@ -242,7 +242,7 @@ def _jit_launch(kernel, built, build, index: int) -> "CachedLaunch | None":
 
 
 def launch_direct(cache: dict, kernel_of, grid: tuple[int, int], tensors: tuple, ints: tuple, constexprs: dict,
-                  num_warps: int, num_stages: int | None = None) -> None:
+                  num_warps: int, num_stages: int | None = None, launch_pdl: bool = False) -> None:
     """``kernel_of()[grid](*tensors, *ints, **constexprs, num_warps=num_warps)`` for a plain Triton kernel
     whose parameters are exactly ``tensors`` (pointers), then ``ints``, then ``constexprs``, in that
     order. The first call of a specialization (what Triton specializes on: the pointers' dtypes and
@@ -254,12 +254,14 @@ def launch_direct(cache: dict, kernel_of, grid: tuple[int, int], tensors: tuple,
     ptrs = tuple(t.data_ptr() for t in tensors)
     key = (kernel_of, index, tuple(t.dtype for t in tensors), tuple(p % 16 == 0 for p in ptrs),
            tuple((i % 16 == 0, i == 1) for i in ints),
-           tuple(constexprs.items()), num_warps, num_stages)
+           tuple(constexprs.items()), num_warps, num_stages, launch_pdl)
     launch = cache.get(key)
     if launch is not None and not hooks_active():
         launch(grid[0], grid[1], current_stream(index), (*ptrs, *ints, *constexprs.values()))
         return
     options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    if launch_pdl:   # programmatic dependent launch: the kernel must wait for the one ahead itself
+        options["launch_pdl"] = True
     compiled = kernel_of()[grid](*tensors, *ints, **constexprs, **options)
     launch = direct(compiled) if tensors[0].is_cuda else None
     if launch is not None:

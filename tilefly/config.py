@@ -94,6 +94,10 @@ OPTIONS: tuple[Option, ...] = (
            "row's scales span at most 2^117; rows beyond BF16's range are rescaled). 'auto' takes it where M and N are both large enough "
            "for the product to outweigh the weight stream (ops/mx_gemm/upcast.py); 'always' and 'never' "
            "force the choice."),
+    Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
+           "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
+           "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
+           "(griddepcontrol.wait). Experimental: not yet measured on a GPU."),
 )
 
 # Module attributes, filled by reload(); declared for readers and type checkers.
@@ -107,6 +111,7 @@ attention_db: str | None
 attention_routes: str
 mx_requantize: bool
 mx_upcast: str
+mx_pdl: bool
 
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}

@@ -290,8 +290,8 @@ def test_one_kernel_launch_covers_every_block(monkeypatch, fmt, rows, k):
 
     seen = {}
     monkeypatch.setattr(_triton_launch, "launch_direct", lambda cache, kernel_of, grid, tensors, ints, constexprs,
-                        num_warps: seen.update(kernel=kernel_of(), grid=grid, tensors=tensors, ints=ints,
-                                               constexprs=constexprs))
+                        num_warps, launch_pdl: seen.update(kernel=kernel_of(), grid=grid, tensors=tensors, ints=ints,
+                                                           constexprs=constexprs, pdl=launch_pdl))
     spec = formats.ELEMENTS[fmt]
     x = torch.randn(rows, 2 * k)[:, ::2]                 # strided rows: the launcher makes them contiguous
     data, scales = quant.quantize_rows_kernel(x, spec)
@@ -301,7 +301,8 @@ def test_one_kernel_launch_covers_every_block(monkeypatch, fmt, rows, k):
     assert seen["tensors"][2].data_ptr() == scales.data_ptr() and scales.shape == (rows, k // 32)
     assert seen["ints"] == (rows * k // 32,)
     assert seen["grid"] == (-(-rows * k // 32 // quant.KERNEL_BLOCKS), 1)
-    assert seen["constexprs"] == dict(EMAX=spec.emax, FP4=fmt == "mxfp4", BLOCKS=quant.KERNEL_BLOCKS)
+    assert seen["constexprs"] == dict(EMAX=spec.emax, FP4=fmt == "mxfp4", BLOCKS=quant.KERNEL_BLOCKS, PDL=False)
+    assert seen["pdl"] is False                          # CPU tensors: never PDL (config.mx_pdl is for CUDA)
     assert data.dtype == (torch.float8_e4m3fn if fmt == "mxfp8" else torch.uint8)
 
 

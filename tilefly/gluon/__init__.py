@@ -10,6 +10,7 @@ functions, so the dense, grouped and MX GEMMs compose the same pieces:
     scheduler   tile order: grouped (L2-friendly) swizzle, persistent tile ranges,
                 split-K grids
     epilogue    bias, split-K reduction with a ticket, TMA and masked stores
+    grid_dependency  programmatic dependent launch: wait for the kernel ahead
 
 Importing this package imports triton; tilefly imports it only from kernel modules,
 which are themselves imported on first use.

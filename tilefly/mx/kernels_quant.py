@@ -26,6 +26,8 @@ loads of BF16), so a block's exponent maximum is one exchange between two lanes,
 leave in one 16-byte store a thread. E2M1 codes are joined in pairs along the tile's last dim (low
 nibble first) through a layout change in 1 KB of shared memory, then stored 8 bytes a thread. One
 scale byte a block. (mx_gemm's configs.quantize_specs checks those vector widths in the SASS.)
+With PDL (``config.mx_pdl``) the kernel waits for the kernel ahead before its first load and lets the
+next PDL kernel (the MX GEMM) launch at once.
 """
 import triton
 import triton.language as tl
@@ -65,7 +67,10 @@ def _e2m1_codes(y):
 
 @triton.jit
 def mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks, EMAX: tl.constexpr, FP4: tl.constexpr,
-                       BLOCKS: tl.constexpr):
+                       BLOCKS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:   # programmatic dependent launch (config.mx_pdl)
+        tl.extra.cuda.gdc_wait()                # the input may come from the kernel ahead
+        tl.extra.cuda.gdc_launch_dependents()   # the GEMM after may start: it waits for this kernel inside
     blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     live = blk < n_blocks
     col = tl.arange(0, SCALE_BLOCK)

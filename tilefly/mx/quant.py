@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from tilefly import config
 from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.layout import blocked_numel, from_blocked, to_blocked
@@ -89,9 +90,11 @@ def quantize_rows_kernel(x: torch.Tensor, spec: ElementFormat,
     data, scale_bits = out
     n_blocks = scale_bits.numel()
     if n_blocks:
+        pdl = bool(config.mx_pdl and x.is_cuda)
         _triton_launch.launch_direct(_launches, _quantize_kernel, (-(-n_blocks // KERNEL_BLOCKS), 1),
                                      (x, data, scale_bits), (n_blocks,),
-                                     dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=KERNEL_BLOCKS), num_warps=4)
+                                     dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=KERNEL_BLOCKS, PDL=pdl),
+                                     num_warps=4, launch_pdl=pdl)
     return (data.view(torch.float8_e4m3fn) if spec.name == "mxfp8" else data), scale_bits
 
 

@@ -108,6 +108,24 @@ def test_sides_from_other_commits_say_so(runs, tmp_path, capsys):
     assert f"A at commit {a_commit}, B at later1" in capsys.readouterr().out
 
 
+def test_sides_of_other_tilefly_options_stay_apart(runs, tmp_path, capsys, monkeypatch):
+    from tilefly import config
+    from tilefly.bench.e2e import ab
+
+    assert ab._changed_options() == {}
+    monkeypatch.setattr(config, "mx_pdl", True)
+    assert ab._changed_options() == {"mx_pdl": True}
+    _, a, b = runs
+    data = json.loads(b.read_text())
+    data["tilefly_options"] = {"mx_pdl": True}
+    other = tmp_path / b.name
+    other.write_text(json.dumps(data))
+    assert main(["--merge", str(a), str(other), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
+    runs_ = report.load(str(tmp_path / "out" / "e2e.json"))["runs"]
+    assert len(runs_) == 2 and all("note" in row for run in runs_ for row in run["rows"])   # unpaired
+    assert "· tilefly mx_pdl=True" in capsys.readouterr().out
+
+
 def test_other_prompts_are_refused(runs, tmp_path):
     _, a, _ = runs
     assert main([*ARGS, "--concurrency", "3", "--seed", "1", "--side", "B", "--out", str(tmp_path)]) == 0

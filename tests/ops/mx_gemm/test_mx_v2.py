@@ -166,6 +166,26 @@ def test_decode_plan_counts_a_cost_per_split(launch_cpu, n, splits):
         assert launch_cpu.choose_splits(cfg, tiles, k_steps, slots) == 16
 
 
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("pdl", [False, True])
+def test_pdl_option_builds_and_launches_the_decode_kernels_with_pdl(launch_cpu, monkeypatch, fmt, pdl):
+    from tilefly import config
+
+    monkeypatch.setattr(config, "mx_pdl", pdl)
+    a, b, sa, sb = operands(fmt, 32, 4096, 4096, False)
+    p = eligibility.parse(a, b, sa, sb, False, False)
+    plan = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(32, 4096, dtype=torch.bfloat16), None, None)
+    assert plan.cfg.kernel in (2, 4) and plan.cfg.pdl == pdl
+    assert plan.constexprs["PDL"] == pdl and plan.constexprs.get("launch_pdl", False) == pdl
+    assert plan.cfg.name.endswith("_pdl") == pdl
+
+
+def test_pdl_is_a_v2_and_v4_build():
+    v1 = configs.v1_pick(4096, 32, 4096, "mxfp8")
+    assert "pdl" in configs.static_reason(replace(v1, pdl=True), "mxfp8")
+    assert configs.static_reason(replace(configs.pick(4096, 32, 4096, "mxfp8"), pdl=True), "mxfp8") is None
+
+
 def test_staged_scales_validate_and_count_in_shared_memory():
     cfg = configs.MXConfig(128, 32, 4, 4, kernel=2, scale_slots=16)
     assert cfg.name == "mx2_128x32_s4_w4_k16_ss16"

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from tilefly import ops
+from tilefly import config, ops
 from tilefly.bench.e2e import engine, models, picks, split
 from tilefly.bench.e2e import profile as e2e_profile
 from tilefly.bench.runner import short
@@ -102,6 +102,12 @@ def logits_agreement(ref: list[torch.Tensor], test: list[torch.Tensor], ref_toke
         top1.append(float((r_rows.argmax(-1) == t_rows.argmax(-1)).double().mean()))
     return split.agreement_summary(rel_err, rows_compared, top1, ref_tokens == test_tokens, tol)
 
+
+
+def _changed_options() -> dict[str, Any]:
+    """tilefly options (tilefly.config) this process runs with away from their defaults."""
+    return {opt.name: getattr(config, opt.name) for opt in config.OPTIONS
+            if opt.name not in ("log_level", "ops") and getattr(config, opt.name) != opt.default}
 
 
 def _compile_counters() -> dict[str, int]:
@@ -210,6 +216,7 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
               "seed": seed, "attention": attention, "compare_steps": compare_steps, "tol": tol,
               **({} if precision == "bf16" else {"mx_swizzle": mx_swizzle}),
               "weights_sha": weights_sha,
+              **({"tilefly_options": options} if (options := _changed_options()) else {}),
               "model_config": asdict(models.spec(model_name)),
               "sides": {s.name: asdict(s) for s in sides}, "rows": rows}
     if len(sides) == 1:

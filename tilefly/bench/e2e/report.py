@@ -42,7 +42,7 @@ def _setup(run: dict[str, Any]) -> tuple[Any, ...]:
 
 def _key(run: dict[str, Any]) -> tuple[Any, ...]:
     """Runs merge into one table only when they measured the same thing."""
-    return (*_setup(run), run["precision"], split.mx_swizzle(run))
+    return (*_setup(run), run["precision"], split.mx_swizzle(run), split.options(run))
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,7 +124,8 @@ def run_table(run: dict[str, Any], bf16_b: dict[int, float]) -> list[str]:
 def _title(run: dict[str, Any]) -> str:
     """Model, precision and what else keeps runs apart (the default scale layout goes unsaid)."""
     layout = "" if split.mx_swizzle(run) in (None, "32_4_4") else f" · {split.mx_swizzle(run)} scale layout"
-    return f"{run['model']} · {run['precision']} · {split.attention(run)} attention{layout}"
+    options = f" · tilefly {split.options(run)}" if split.options(run) else ""
+    return f"{run['model']} · {run['precision']} · {split.attention(run)} attention{layout}{options}"
 
 
 def markdown(merged: dict[str, Any]) -> str:

@@ -45,6 +45,12 @@ def attention(run: dict[str, Any]) -> str:
     return run.get("attention", "hf")
 
 
+def options(run: dict[str, Any]) -> str:
+    """The tilefly options the run set away from their defaults, as one string (empty: none). Runs
+    of different options are never paired or merged."""
+    return ", ".join(f"{name}={value}" for name, value in sorted(run.get("tilefly_options", {}).items()))
+
+
 def mx_swizzle(run: dict[str, Any]) -> str | None:
     """The layout of the run's MX scales (None for BF16; runs recorded before the option used
     SWIZZLE_32_4_4). Activation scales are rearranged every step in that layout, so runs of
@@ -208,7 +214,7 @@ def pair(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(run)
             continue
         for row in run["rows"]:
-            key = (run["model"], run["precision"], attention(run), mx_swizzle(run), row["concurrency"])
+            key = (run["model"], run["precision"], attention(run), mx_swizzle(run), options(run), row["concurrency"])
             halves.setdefault(key, {})[run["side"]] = (run, row)
     for got in halves.values():
         if len(got) == 2:

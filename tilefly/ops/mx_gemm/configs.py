@@ -79,6 +79,7 @@ class MXConfig:
     bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
     scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
     x_regs: int = 0           # v4: 1 feeds folded slots' X to the wgmma from registers (kernels_v4, X_REGS)
+    pdl: bool = False         # v2 / v4: programmatic dependent launch (config.mx_pdl; kernels_v2, PDL)
 
     @property
     def name(self) -> str:
@@ -86,8 +87,9 @@ class MXConfig:
         sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
         regs = "_xr" if self.x_regs else ""
+        pdl = "_pdl" if self.pdl else ""
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
-                f"{sets}{staged}{regs}")
+                f"{sets}{staged}{regs}{pdl}")
 
     @property
     def block_k(self) -> int:
@@ -129,6 +131,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
     if cfg.x_regs and cfg.kernel != 4:
         return "x_regs is a kernel 4 build (X from registers in folded slots)"
+    if cfg.pdl and cfg.kernel not in (2, 4):
+        return "pdl is a kernel 2 or 4 build (programmatic dependent launch)"
     if cfg.x_regs not in (0, 1):
         return "x_regs must be 0 or 1 (1: X from registers in folded slots)"
     if cfg.block_m not in (64, 128):
@@ -330,6 +334,8 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
     if cfg.kernel == 4:
         constexprs.update(X_REGS=cfg.x_regs)
+    if cfg.kernel in (2, 4):
+        constexprs.update(PDL=cfg.pdl)
     constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
@@ -376,7 +382,8 @@ def _spec_name(cfg, fmt, xs, ys, bias, out, rows, words) -> str:
 def compile_specs():
     """Every shipped (format, config) with the benchmark's variant (unswizzled scales, no bias,
     BF16 out, the skinny swap's column-contiguous output), plus swizzled scales, bias and FP16
-    on one config per format and kernel, v2's byte-wise scale loads, and every v4 build ``pick`` runs."""
+    on one config per format and kernel, v2's byte-wise scale loads, every v4 build ``pick`` runs, and
+    each format's 32-token decode pick with programmatic dependent launch (``pdl``)."""
     from tilefly.compile_check import KernelSpec
 
     variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
@@ -396,6 +403,7 @@ def compile_specs():
             cfg4 = pick(*shape, fmt)
             if cfg4.kernel == 4:
                 variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
+        variants.append((fmt, replace(pick(4096, 32, 4096, fmt), pdl=True), False, False, 0, "bf16", True, True))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
@@ -429,20 +437,23 @@ def requant_specs():
 
 
 def quantize_specs():
-    """tilefly.mx's eager quantization kernel (tilefly/mx/kernels_quant.py): both formats from each input
-    dtype, loads in 16-byte vectors and the data bytes stored 16 (E4M3) or 8 (E2M1 pairs) at a time."""
+    """tilefly.mx's quantization kernel (tilefly/mx/kernels_quant.py): both formats from each input
+    dtype, loads in 16-byte vectors and the data bytes stored 16 (E4M3) or 8 (E2M1 pairs) at a time;
+    BF16 input with programmatic dependent launch (config.mx_pdl), waiting for the kernel ahead."""
     from tilefly.compile_check import KernelSpec
     from tilefly.mx import formats, quant
 
     specs = []
     for fmt in FORMATS:
-        for dtype in ("bf16", "fp16", "fp32"):
+        for dtype, pdl in (("bf16", False), ("fp16", False), ("fp32", False), ("bf16", True)):
             sig = {"x_ptr": f"*{dtype}", "data_ptr": "*u8", "scale_ptr": "*u8", "n_blocks": "i32",
-                   "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr"}
-            constexprs = dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=quant.KERNEL_BLOCKS)
-            specs.append(KernelSpec(f"mx.quantize[{fmt},{dtype}]", _quantize_kernel, sig, constexprs,
-                                    attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2)}, num_warps=4,
-                                    sass_must_contain=("LDG.E.128", "STG.E.64" if fmt == "mxfp4" else "STG.E.128")))
+                   "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr", "PDL": "constexpr"}
+            constexprs = dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=quant.KERNEL_BLOCKS,
+                              PDL=pdl)
+            stores = ("LDG.E.128", "STG.E.64" if fmt == "mxfp4" else "STG.E.128")
+            specs.append(KernelSpec(f"mx.quantize[{fmt},{dtype}{',pdl' if pdl else ''}]", _quantize_kernel, sig,
+                                    constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2)},
+                                    num_warps=4, sass_must_contain=(*stores, "ACQBULK") if pdl else stores))
     return specs
 
 
@@ -519,6 +530,8 @@ V2_ASYNC_WAIT = "WARPGROUP.DEPBAR.LE gsb0, 0x1"
 
 
 def sass_markers(cfg: MXConfig) -> tuple[str, ...]:
+    if cfg.pdl:   # griddepcontrol.wait
+        return (*sass_markers(replace(cfg, pdl=False)), "ACQBULK")
     if cfg.kernel == 4:   # FP8 wgmma; its block-by-block fallback keeps v2's overlap
         return ("QGMMA", V2_ASYNC_WAIT)
     if cfg.kernel == 3:   # BF16 wgmma fed by the exact E4M3 -> F16 conversion

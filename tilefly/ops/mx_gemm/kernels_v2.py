@@ -66,6 +66,8 @@ stacked along M for BLOCK_M = 128):
                     against 33.0 (decode probe, BENCHMARKS.md session 23).
     epilogue        tilefly.gluon.epilogue.finish_splitk (split-K partials summed in split order
                     by the last-ticket program, bias, masked store with any output strides).
+    PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
+                    starts with ``wait_prior_grid``: its launch overlaps the kernel ahead, its loads wait.
     barriers        ``ready`` per ring slot only; shared-memory hazards between warps (refill
                     after the wgmma wait, unpack store before the wgmma) get CTA barriers from
                     Triton's membar analysis, fence_async_shared orders the unpack stores before
@@ -78,6 +80,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from tilefly.gluon.epilogue import finish_splitk
+from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
@@ -201,7 +204,10 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
-                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, PDL: gl.constexpr,
+                      num_warps: gl.constexpr):
+    if PDL:   # launched early (programmatic dependent launch): nothing read yet may predate the kernel ahead
+        wait_prior_grid()
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
     STAGED: gl.constexpr = SCALE_SLOTS > 0

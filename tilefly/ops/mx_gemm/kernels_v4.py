@@ -33,6 +33,7 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
                     of the slot's largest scale bytes when the program's scales are all moderate, else
                     the exact paths of scales.py). Other slots: v2's block-by-block sequence (two
                     partials, ``add_block``). Registers: the accumulator and two partials, as v2.
+    PDL             as v2's (kernels_v2.py).
     barriers        ``ready`` per ring slot; a CTA barrier before each slot's unpack (the previous
                     slot's wgmmas, which read the unpacked buffers, retired in every warp) and after
                     it (fence_async_shared, then every warp's stores are visible to the wgmmas).
@@ -64,6 +65,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from tilefly.gluon.epilogue import finish_splitk
+from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
@@ -225,7 +227,9 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
                       STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      PDL: gl.constexpr, num_warps: gl.constexpr):
+    if PDL:   # launched early (programmatic dependent launch): nothing read yet may predate the kernel ahead
+        wait_prior_grid()
     gl.static_assert(FP4, "v4 folds scales into unpacked FP4 operands: MXFP4 only")
     gl.static_assert(num_warps == 4, "one warpgroup")
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)

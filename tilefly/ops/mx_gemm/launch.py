@@ -31,11 +31,12 @@ at cfd3494, BENCHMARKS.md).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tilefly import _device
+from tilefly import _device, config
 from tilefly.ops.gemm.configs import choose_splits
 from tilefly._triton_launch import Address
 from tilefly.ops.gemm.launch import Launch, run_cached
@@ -92,7 +93,7 @@ def _key(cfg, *tensors):
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
     """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
-    key = _key((cfg, p, out.device), a, b, scale_a, scale_b, out, bias)
+    key = _key((cfg, p, out.device, config.mx_pdl), a, b, scale_a, scale_b, out, bias)
     run_cached(_plans, key, lambda: _prepare(p, a, b, scale_a, scale_b, out, bias, cfg))
     return out
 
@@ -118,6 +119,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
     cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
+    if config.mx_pdl and cfg.kernel in (2, 4):
+        cfg = replace(cfg, pdl=True)
     item = cfg.row_bytes(p.fmt)
     x_desc = _descriptor(x, cfg.block_m, fp4, item)
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
@@ -141,7 +144,11 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
     if cfg.kernel == 4:
         constexprs.update(X_REGS=cfg.x_regs)
+    if cfg.kernel in (2, 4):
+        constexprs.update(PDL=cfg.pdl)
     constexprs.update(num_warps=cfg.num_warps)
+    if cfg.pdl:
+        constexprs.update(launch_pdl=True)   # a launch option of Triton's, not a kernel parameter
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
     return Launch(cfg, configs.kernel_of(cfg), (tiles, splits, 1), args, constexprs, out.device, workspace,
                   WORKSPACE_AT)
