@@ -82,6 +82,21 @@ def test_pass_keeps_calls_on_other_inputs_shapes_or_formats():
     assert sum(n.target is torch.ops.tilefly.mx_quantize_rows.default for n in gm.graph.nodes) == 4
 
 
+class _Unhashable:
+    __hash__ = None   # as a symbolic size object (torch.SymInt) would be
+
+
+def test_pass_leaves_calls_with_unhashable_arguments_alone():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    target = torch.ops.tilefly.mx_quantize_rows.default
+    odd = _Unhashable()
+    calls = [graph.call_function(target, (x, "mxfp8", odd)) for _ in range(2)]
+    graph.output(tuple(calls))
+    SharedQuantization()(graph)
+    assert sum(n.target is target for n in graph.nodes) == 2
+
+
 class _UserPass(CustomGraphPass):
     def __init__(self, key="user-1"):
         self.key, self.calls = key, 0

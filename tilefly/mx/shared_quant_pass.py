@@ -46,11 +46,13 @@ class SharedQuantization(CustomGraphPass):
             if node.op != "call_function" or node.target is not target:
                 continue
             key = (_value_key(node.args), _value_key(tuple(sorted(node.kwargs.items()))))
-            if key in first:
-                node.replace_all_uses_with(first[key])
+            try:
+                kept = first.setdefault(key, node)
+            except TypeError:   # an argument that does not hash: leave the call as it is
+                continue
+            if kept is not node:
+                node.replace_all_uses_with(kept)
                 graph.erase_node(node)
-            else:
-                first[key] = node
         if self.then is not None:
             self.then(graph)
 
