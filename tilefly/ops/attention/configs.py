@@ -190,14 +190,15 @@ def spec(cfg: FwdConfig, dtype: str, head_dim: int, causal: bool):
 
 def compile_specs():
     """Every config x dtype x kernel head dim it serves x causal (96 and 192 run the 128 and 256
-    kernels, the very same binaries)."""
-    from tilefly.ops.attention import kernels_bwd512, kernels_bwd512_kmajor, kernels_bwd512g, kernels_fwd512
+    kernels, the very same binaries), and the masked split-KV decode's two kernels (decode.py)."""
+    from tilefly.ops.attention import (decode, kernels_bwd512, kernels_bwd512_kmajor, kernels_bwd512g,
+                                       kernels_fwd512)
 
     kernel_dims = sorted({kernel_head_dim(d) for d in HEAD_DIMS})
     fwd = [spec(cfg, dtype, d, causal) for cfg in FWD_CONFIGS.values()
            for dtype in DTYPES for d in kernel_dims if cfg.serves(d) for causal in (False, True)]
     return (fwd + kernels_fwd512.compile_specs() + bwd_compile_specs() + kernels_bwd512.compile_specs()
-            + kernels_bwd512g.compile_specs() + kernels_bwd512_kmajor.compile_specs())
+            + kernels_bwd512g.compile_specs() + kernels_bwd512_kmajor.compile_specs() + decode.compile_specs())
 
 
 # ---- backward compile specs -------------------------------------------------------------------
@@ -291,9 +292,9 @@ def bwd_compile_specs():
 def interpreter_checks():
     """The plain-Triton kernels under TRITON_INTERPRET=1 on CPU tensors: the delta kernel (odd
     lengths and head dims, a B x S x H x D output and an expanded (stride-0 but unit-stride rows)
-    grad_out), the whole head-dim-512 backward (kernels_bwd512.interpreter_checks) and bwd512g's
-    K-major copy (kernels_bwd512_kmajor)."""
-    from tilefly.ops.attention import kernels_bwd512, kernels_bwd512_kmajor
+    grad_out), the whole head-dim-512 backward (kernels_bwd512.interpreter_checks), bwd512g's
+    K-major copy (kernels_bwd512_kmajor) and the masked split-KV decode (decode.py)."""
+    from tilefly.ops.attention import decode, kernels_bwd512, kernels_bwd512_kmajor
 
     def check(b, h, s, d, dtype):
         import torch
@@ -314,4 +315,5 @@ def interpreter_checks():
 
     return [(f"bwd_delta[{dtype},B={b},H={h},S={s},D={d}]", lambda a=(b, h, s, d, dtype): check(*a))
             for b, h, s, d, dtype in ((2, 3, 77, 96, "bf16"), (1, 2, 300, 64, "fp16"), (3, 1, 1, 32, "bf16"))
-            ] + kernels_bwd512.interpreter_checks() + kernels_bwd512_kmajor.interpreter_checks()
+            ] + kernels_bwd512.interpreter_checks() + kernels_bwd512_kmajor.interpreter_checks() + \
+        decode.interpreter_checks()

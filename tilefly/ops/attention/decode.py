@@ -1,0 +1,208 @@
+"""Host side of kernels_decode: split-KV decode attention with an additive mask.
+
+``decode_attention(q, k, v, bias=None, scale=None)`` computes SDPA's forward for q (B, H, Sq, D) with
+Sq <= 16 against k, v (B, Hkv, Sk, D), H a multiple of Hkv (query head h reads KV head h // (H / Hkv)),
+and an optional additive float bias broadcastable to (B, H, Sq, Sk) (-inf masks a key). Returns
+(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) FP32). Not routed by the attention family yet
+(kernels_decode's header says why and what is checked).
+
+Split plan: enough (batch x head, split) programs for ``PROGRAMS_PER_SM`` a SM, each at least
+``BLOCK_N`` keys, at most ``MAX_SPLITS`` splits.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tilefly import _device, _triton_launch
+
+BLOCK_M = 16              # query rows a program (the dot's smallest M)
+BLOCK_N = 64              # keys a step
+MAX_SPLITS = 64
+PROGRAMS_PER_SM = 4
+HEAD_DIMS = (16, 32, 64, 128, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+
+_launches: dict = {}
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> str | None:
+    """Why ``decode_attention`` does not take these inputs, or None."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return "q, k and v must be tensors"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "q, k and v must be 4-D (batch, heads, sequence, head dim)"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q, k and v must share one dtype, bfloat16 or float16 (got {q.dtype}, {k.dtype}, {v.dtype})"
+    b, h, sq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        return f"k and v must be (batch {b}, kv heads, keys, head dim {d}); got {tuple(k.shape)} and {tuple(v.shape)}"
+    if not 1 <= sq <= BLOCK_M:
+        return f"decode attention takes 1..{BLOCK_M} query rows a head, got {sq}"
+    if d not in HEAD_DIMS:
+        return f"head dim must be one of {HEAD_DIMS}, got {d}"
+    if k.shape[1] == 0 or h % k.shape[1]:
+        return f"query heads ({h}) must be a multiple of KV heads ({k.shape[1]})"
+    if 0 in (b, h, k.shape[2]):
+        return "empty batch, heads or keys"
+    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+        return "the head dim of q, k and v must be contiguous"
+    if q.device != k.device or q.device != v.device:
+        return "q, k and v must be on one device"
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or not bias.is_floating_point() or bias.device != q.device:
+            return "bias must be a floating-point tensor on q's device (an additive mask: -inf hides a key)"
+        try:
+            torch.broadcast_shapes(bias.shape, (b, h, sq, k.shape[2]))
+        except RuntimeError:
+            return f"bias of shape {tuple(bias.shape)} does not broadcast to {(b, h, sq, k.shape[2])}"
+        if bias.dim() > 4:
+            return "bias has more than 4 dims"
+    return None
+
+
+def plan_splits(programs: int, keys: int, sm_count: int) -> tuple[int, int]:
+    """(splits, keys a split, a multiple of BLOCK_N) for ``programs`` (batch x head) programs."""
+    steps = -(-keys // BLOCK_N)
+    splits = max(1, min(MAX_SPLITS, steps, -(-sm_count * PROGRAMS_PER_SM // programs)))
+    per_split = -(-steps // splits) * BLOCK_N
+    return -(-keys // per_split), per_split
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+                     scale: float | None = None, splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA forward for a few query rows a head (module docstring): (out, lse). ``splits`` forces
+    the key split count (tests); ValueError names what is not supported."""
+    reason = unsupported(q, k, v, bias)
+    if reason:
+        raise ValueError(f"decode_attention: {reason}")
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    programs = b * h
+    sms = _device.sm_count(q) if q.is_cuda else 8
+    if splits is None:
+        splits, per_split = plan_splits(programs, sk, sms)
+    else:
+        per_split = -(-(-(-sk // splits)) // BLOCK_N) * BLOCK_N
+        splits = -(-sk // per_split)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    o_part = torch.empty(programs * splits * BLOCK_M * d, **f32)
+    m_part = torch.empty(programs * splits * BLOCK_M, **f32)
+    l_part = torch.empty(programs * splits * BLOCK_M, **f32)
+    out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), **f32)
+    if bias is None:
+        bias_arg, bias_strides = q, (0, 0, 0, 0)
+    else:
+        bias_arg = bias.expand(b, h, sq, sk)
+        bias_strides = bias_arg.stride()
+    ints = (scale * 1.4426950408889634, sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
+            *v.stride()[:3], *bias_strides)
+    _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits), (q, k, v, bias_arg, o_part, m_part,
+                                 l_part), ints, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_BIAS=bias is not None,
+                                                     UPCAST=not q.is_cuda),
+                                 num_warps=4)
+    _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
+                                 (sq, h, splits, *out.stride()[:3]),
+                                 dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, triton_next_power_of_2(splits))), num_warps=4)
+    return out, lse
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _split_kernel():
+    from tilefly.ops.attention.kernels_decode import decode_split_kernel
+
+    return decode_split_kernel
+
+
+def _combine_kernel():
+    from tilefly.ops.attention.kernels_decode import decode_combine_kernel
+
+    return decode_combine_kernel
+
+
+# ---- checks: Triton's interpreter on CPU tensors, and sm_90a compiles (configs collects both) ----------
+
+def _reference(q, k, v, bias, scale):
+    """Float64 SDPA with PyTorch's math semantics (a fully masked row is NaN), except that a key
+    whose bias is -inf is left out whatever its values (kernels_decode's rule)."""
+    group = q.shape[1] // k.shape[1]
+    k64 = k.double().repeat_interleave(group, dim=1)
+    v64 = v.double().repeat_interleave(group, dim=1)
+    logits = q.double() @ k64.transpose(-1, -2) * scale
+    if bias is not None:
+        bias = bias.double().expand_as(logits)
+        logits = torch.where(bias == float("-inf"), float("-inf"), logits + bias)
+    return torch.softmax(logits, dim=-1) @ v64, torch.logsumexp(logits, dim=-1)
+
+
+def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, sq, d, generator=gen).to(dtype)
+    k = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
+    v = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
+    bias = None
+    if mask == "prefix":            # a static cache: request i sees its first lengths[i] keys
+        lengths = torch.randint(1, sk + 1, (b,), generator=gen)
+        lengths[0] = sk
+        bias = torch.where(torch.arange(sk)[None, :] < lengths[:, None], 0.0, float("-inf"))
+        bias = bias.to(dtype)[:, None, None, :]                                       # (B, 1, 1, Sk)
+        k[-1, :, lengths[-1]:] = float("nan")       # masked keys never reach the output
+    elif mask == "additive":        # finite, per head and row, plus one fully masked row
+        bias = (torch.randn(b, h, sq, sk, generator=gen) * 2).to(dtype)
+        bias[0, 0, 0] = float("-inf")
+    out, lse = decode_attention(q, k, v, bias, splits=splits)
+    want, want_lse = _reference(q, k, v, bias, 1.0 / math.sqrt(d))
+    if mask == "additive":
+        assert bool(torch.isnan(out[0, 0, 0]).all()) and lse[0, 0, 0] == float("-inf"), "fully masked row"
+        out, want, lse, want_lse = out[:, :, 1:], want[:, :, 1:], lse[:, :, 1:], want_lse[:, :, 1:]
+    tol = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -9
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 4)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-4, atol=1e-4)
+
+
+def interpreter_checks():
+    cases = [
+        ("prefix-mask,gqa,bf16", (2, 4, 2, 4, 200, 64, torch.bfloat16, "prefix", 3)),
+        ("no-mask,fp16,one-row", (1, 2, 2, 1, 320, 128, torch.float16, None, 2)),
+        ("additive,bf16,rows-16", (2, 2, 1, 16, 130, 32, torch.bfloat16, "additive", None)),
+        ("prefix-mask,one-split", (3, 1, 1, 3, 96, 16, torch.float16, "prefix", 1)),
+    ]
+    import functools
+
+    return [(f"decode_attention[{name}]", functools.partial(_check, *args)) for name, args in cases]
+
+
+def compile_specs():
+    """Both kernels for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias."""
+    from tilefly.compile_check import KernelSpec
+
+    specs = []
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128):
+            for has_bias in (False, True):
+                sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
+                       "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "scale_log2": "fp32",
+                       **{n: "i32" for n in ("Sq", "Sk", "H", "GROUP", "keys_per_split", "sq_b", "sq_h", "sq_m",
+                                             "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sb_b", "sb_h", "sb_m",
+                                             "sb_n")},
+                       "D": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "HAS_BIAS": "constexpr",
+                       "UPCAST": "constexpr"}
+                specs.append(KernelSpec(f"attention.decode_split[{dtype},d={d},bias={int(has_bias)}]", _split_kernel,
+                                        sig, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_BIAS=has_bias,
+                                                  UPCAST=False),
+                                        attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=4,
+                                        sass_must_contain=("HMMA",)))
+            sig = {"o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "out_ptr": f"*{dtype}",
+                   "lse_ptr": "*fp32", "Sq": "i32", "H": "i32", "splits": "i32", "so_b": "i32", "so_h": "i32",
+                   "so_m": "i32", "D": "constexpr", "BLOCK_M": "constexpr", "SPLITS": "constexpr"}
+            specs.append(KernelSpec(f"attention.decode_combine[{dtype},d={d}]", _combine_kernel, sig,
+                                    dict(D=d, BLOCK_M=BLOCK_M, SPLITS=MAX_SPLITS),
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(5)}, num_warps=4))
+    return specs

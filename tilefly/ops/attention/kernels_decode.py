@@ -1,0 +1,129 @@
+"""Split-KV decode attention with an additive mask (plain Triton): at most 16 query rows a head
+(one decode token, or the query heads of one KV group) against a long KV cache.
+
+Not routed yet: ``decode_attention`` is a building block for SDPA's masked decode calls (the e2e
+benchmark's static cache passes a mask hiding its unwritten tail, and the attention family keeps
+every masked call on the op's own kernel). Correctness is checked under Triton's interpreter
+(``interpreter_checks``) and the kernels compile for sm_90a (``compile_specs``); nothing is measured.
+
+Why split the keys: a decode step has B x H programs' worth of query rows (32 requests x 8 KV heads =
+256), each against up to thousands of keys; splitting each head's keys over ``splits`` programs puts
+enough programs on 132 SMs to stream the cache at full bandwidth.
+
+Layout plan (``decode_split_kernel``, one program per (batch x head, split), num_warps 4):
+
+    query       [BLOCK_M = 16, D] rows of one (batch, head), loaded once, padding rows zero; the dot
+                needs M >= 16, so Sq <= 16.
+    keys        BLOCK_N = 64 keys a step, over the program's contiguous range of ``keys_per_split``
+                (a multiple of BLOCK_N). A step first loads its [16, 64] bias block (stride-0 dims
+                broadcast, as an expanded mask has them): when every entry is -inf the step skips its
+                K and V loads entirely (a static cache's unwritten tail costs the bias bytes only).
+                Otherwise K [64, D] and V [64, D] are loaded, S = Q K^T on the tensor cores (FP32),
+                logits in base 2 (``sm_scale * log2(e)``, the bias times log2(e)), an online softmax
+                (running max m, sum l, FP32 accumulator [16, D]), P cast to the input dtype for P V.
+                A key whose bias is -inf gets logit -inf whatever Q K^T is (a NaN or Inf key it masks
+                does not reach the output); NaN in an unmasked key, query or bias propagates.
+    partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized.
+    shared      no explicit shared memory; registers: the accumulator (16 x D / 128 FP32 a thread).
+
+``decode_combine_kernel`` (one program per batch x head) rescales the splits' partials to their common
+max, sums them, divides, and writes the output (any strides, the query's dtype) and the natural-log
+log-sum-exp (B x H x Sq FP32). A fully masked row has max -inf: its output is NaN, as PyTorch's math
+SDPA gives it, and its log-sum-exp -inf.
+"""
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+NEG_INF = tl.constexpr(float("-inf"))
+
+
+@triton.jit
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l_part_ptr,
+                        scale_log2, Sq, Sk, H, GROUP, keys_per_split,
+                        sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sb_b, sb_h, sb_m, sb_n,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        UPCAST: tl.constexpr):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    b = bh // H
+    h = bh % H
+    kv = h // GROUP
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D)
+    row_live = rows < Sq
+    q = tl.load(q_ptr + b.to(tl.int64) * sq_b + h * sq_h + rows[:, None] * sq_m + dims[None, :],
+                mask=row_live[:, None], other=0.0)
+    if UPCAST:   # Triton 3.6's interpreter multiplies BF16 operands wrongly; CPU checks run FP32 dots
+        q = q.to(tl.float32)
+    k_base = k_ptr + b.to(tl.int64) * sk_b + kv * sk_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + kv * sv_h
+    bias_base = bias_ptr + b.to(tl.int64) * sb_b + h * sb_h
+
+    m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    start = split * keys_per_split
+    end = tl.minimum(start + keys_per_split, Sk)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        live = row_live[:, None] & (cols < end)[None, :]
+        if HAS_BIAS:
+            bias = tl.load(bias_base + rows[:, None] * sb_m + cols[None, :] * sb_n, mask=live,
+                           other=NEG_INF).to(tl.float32)
+        else:
+            bias = tl.where(live, 0.0, NEG_INF)
+        if tl.max(tl.max(bias, axis=1), axis=0) > NEG_INF:   # else every key here is masked: skip K and V
+            key_live = cols < end
+            k = tl.load(k_base + cols[:, None] * sk_n + dims[None, :], mask=key_live[:, None], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * scale_log2 + bias * LOG2E
+            s = tl.where(bias == NEG_INF, NEG_INF, s)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # rows with every logit -inf so far keep m = -inf: shift by 0 there, not by -inf
+            shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+            p = tl.math.exp2(s - shift[:, None])
+            alpha = tl.math.exp2(m_i - shift)
+            v = tl.load(v_base + cols[:, None] * sv_n + dims[None, :], mask=key_live[:, None], other=0.0)
+            if UPCAST:   # P rounded to the input dtype as on the GPU, then multiplied in FP32
+                acc = acc * alpha[:, None] + tl.dot(p.to(v_ptr.dtype.element_ty).to(tl.float32), v.to(tl.float32))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+
+    part = bh * splits + split
+    tl.store(o_part_ptr + (part * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :], acc)
+    tl.store(m_part_ptr + part * BLOCK_M + rows, m_i)
+    tl.store(l_part_ptr + part * BLOCK_M + rows, l_i)
+
+
+@triton.jit
+def decode_combine_kernel(o_part_ptr, m_part_ptr, l_part_ptr, out_ptr, lse_ptr, Sq, H, splits,
+                          so_b, so_h, so_m, D: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    rows = tl.arange(0, BLOCK_M)
+    parts = tl.arange(0, SPLITS)
+    part_live = parts < splits
+    at = (bh * splits + parts)[:, None] * BLOCK_M + rows[None, :]             # [SPLITS, BLOCK_M]
+    m = tl.load(m_part_ptr + at, mask=part_live[:, None], other=NEG_INF)
+    l = tl.load(l_part_ptr + at, mask=part_live[:, None], other=0.0)
+    m_max = tl.max(m, axis=0)                                                  # [BLOCK_M]
+    weight = tl.math.exp2(m - m_max[None, :])      # NaN where the row is fully masked (-inf - -inf)
+    total = tl.sum(l * weight, axis=0)
+    dims = tl.arange(0, D)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for s in range(0, splits):
+        o = tl.load(o_part_ptr + ((bh * splits + s) * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :])
+        w = tl.math.exp2(tl.load(m_part_ptr + (bh * splits + s) * BLOCK_M + rows) - m_max)
+        acc += o * w[:, None]
+    out = acc / total[:, None]
+    row_live = rows < Sq
+    tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
+    lse = tl.where(m_max == NEG_INF, NEG_INF, (m_max + tl.math.log2(total)) / LOG2E)
+    tl.store(lse_ptr + bh * Sq + rows, lse, mask=row_live)
