@@ -94,6 +94,11 @@ OPTIONS: tuple[Option, ...] = (
            "row's scales span at most 2^117; rows beyond BF16's range are rescaled). 'auto' takes it where M and N are both large enough "
            "for the product to outweigh the weight stream (ops/mx_gemm/upcast.py); 'always' and 'never' "
            "force the choice."),
+    Option("attention_decode", "TILEFLY_ATTENTION_DECODE", _bool, False,
+           "Serve SDPA's masked forward calls of at most 16 query rows a head (a decode step over a static KV "
+           "cache) with tilefly's split-KV decode kernel (ops/attention/decode.py), which skips key blocks the "
+           "mask hides; installs the forward overrides of the cuDNN and efficient ops. Experimental: not yet "
+           "measured on a GPU."),
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
@@ -111,6 +116,7 @@ attention_db: str | None
 attention_routes: str
 mx_requantize: bool
 mx_upcast: str
+attention_decode: bool
 mx_pdl: bool
 
 

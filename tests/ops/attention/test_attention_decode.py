@@ -84,3 +84,26 @@ def test_cuda_decode_gqa_and_nan_propagation():
     k[0, 1, 17, 3] = float("nan")                       # KV head 1 serves query heads 4..7
     out, _ = decode.decode_attention(q, k, v)
     assert torch.isnan(out[0, 4:]).all() and not torch.isnan(out[0, :4]).any()
+
+
+@pytest.mark.cuda
+def test_cuda_sdpa_masked_decode_is_served_under_the_option(monkeypatch):
+    """The e2e model's call (a boolean (B, 1, 1, L) mask, the KV group's query heads as rows), routed
+    through the attention family with config.attention_decode on, eager and inside a CUDA graph."""
+    import tilefly
+    from tilefly import _dispatch, config
+
+    monkeypatch.setattr(config, "attention_decode", True)
+    q, k, v = _qkv(8, 8, 8, 4, 768, 128, BF16, "cuda")
+    mask = (torch.arange(768, device="cuda") < 300).expand(8, 1, 1, 768)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    with tilefly.enabled("attention"):
+        with _dispatch.recording() as decisions:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert [d.impl for d in decisions] == ["tilefly_decode"], decisions
+        torch.testing.assert_close(out.double(), want, rtol=2.0 ** -7, atol=2.0 ** -5)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        graph.replay()
+        torch.testing.assert_close(captured, out, rtol=0, atol=0)

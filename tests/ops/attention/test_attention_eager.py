@@ -106,9 +106,26 @@ def test_registration_covers_all_six_ops_with_tilefly_first():
     impls = _dispatch.registered("attention")
     ops = {op for pair in formats.OPS.values() for op in pair}
     assert {i.op for i in impls} == ops
+    masked_fwd = {"aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_efficient_attention"}
     for op in ops:
-        assert [i.name for i in impls if i.op == op] == ["tilefly_fa", "sdpa_reroute"]
+        first = ["tilefly_decode"] if op in masked_fwd else []     # the ops that take a mask, forward
+        assert [i.name for i in impls if i.op == op] == [*first, "tilefly_fa", "sdpa_reroute"]
         assert all(i.dispatch_key == "CUDA" for i in impls)
+
+
+def test_decode_entry_and_its_overrides_follow_the_option(monkeypatch):
+    from tilefly.ops.attention import eager
+
+    routes = {(r.backend, r.direction): r for r in eager.backend_ops()}
+    decode_gates = [i.install_reason for i in eager.impls() if i.name == eager.DECODE]
+    assert len(decode_gates) == 2 and all(g() == "config.attention_decode is off" for g in decode_gates)
+    monkeypatch.setattr(config, "attention_decode", True)
+    assert all(g() is None for g in decode_gates)
+    assert eager._route_reason(routes[("cudnn", "fwd")]) is None         # installed whatever the database says
+    assert eager._route_reason(routes[("efficient", "fwd")]) is None
+    monkeypatch.setattr(database, "route_reason", lambda backend, direction: "database: no saving")
+    assert eager._route_reason(routes[("cudnn", "bwd")]) == "database: no saving"
+    assert eager._route_reason(routes[("flash", "fwd")]) == "database: no saving"   # flash takes no mask
 
 
 # ---- the schemas the routing reads -----------------------------------------------------------

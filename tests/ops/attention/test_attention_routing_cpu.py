@@ -268,3 +268,55 @@ def test_a_tilefly_kernel_module_plugs_into_the_slot(routed, tmp_path, monkeypat
         _assert_like_meta(outs, _meta_outputs(served_as, q, k, v, causal=True))
     assert calls == [("fwd", "m128n128"), ("bwd", "m128n128")] * 3 and routed == []
     assert written == [True] * 3     # each forward wrote straight into the op's own output layout
+
+
+def _decode_stand_in(calls):
+    """decode.decode_attention's contract in float64 (the kernel itself runs in the interpreter checks)."""
+    import math
+
+    def fake(q, k, v, bias=None, scale=None, splits=None):
+        calls.append((tuple(q.shape), None if bias is None else tuple(bias.shape)))
+        group = q.shape[1] // k.shape[1]
+        k64, v64 = (t.double().repeat_interleave(group, 1) for t in (k, v))
+        logits = q.double() @ k64.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1])) + bias.double()
+        return (torch.softmax(logits, -1) @ v64).to(q.dtype), torch.logsumexp(logits, -1).float()
+    return fake
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "efficient"])
+def test_masked_decode_is_served_under_the_option(routed, monkeypatch, backend):
+    from tilefly.ops.attention import decode
+
+    calls = []
+    monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    monkeypatch.setattr(config, "attention_decode", True)
+    _dispatch.uninstall([FAMILY])
+    _dispatch.install([FAMILY])                    # the decode entry is installed with the option on
+    q, k, v = _qkv(b=3, hq=8, hk=2, sq=4, sk=100, grad=False)
+    bias = torch.zeros(3, 1, 1, 100, dtype=q.dtype)
+    bias[1, ..., 60:] = float("-inf")
+    with _dispatch.recording() as decisions:
+        outs = _call(backend, q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_bias=bias) \
+            if backend == "efficient" else _call(backend, q, k, v, attn_bias=bias)
+    assert decisions[0].impl == eager.DECODE and routed == [] and len(calls) == 1
+    _assert_like_meta(outs, _meta_outputs(backend, q, *((k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
+                                                       if backend == "efficient" else (k, v))))
+    ref_k, ref_v = k.double().repeat_interleave(4, 1), v.double().repeat_interleave(4, 1)
+    logits = q.double() @ ref_k.transpose(-1, -2) / 8 + bias.double()
+    torch.testing.assert_close(outs[0].double(), torch.softmax(logits, -1) @ ref_v, atol=2e-2, rtol=2e-2)
+
+    with _dispatch.recording() as decisions:       # 40 query rows: not a decode; the op's kernel keeps it
+        q40 = _qkv(b=1, hq=2, hk=2, sq=40, sk=40, grad=False)
+        _call(backend, *q40, attn_bias=torch.zeros(1, 1, 40, 40, dtype=q.dtype))
+    assert decisions[0].impl is None and "1..16 query rows" in decisions[0].reason and routed == [backend]
+
+
+def test_masked_decode_stays_with_the_op_when_the_option_is_off(routed, monkeypatch):
+    from tilefly.ops.attention import decode
+
+    calls = []
+    monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=64, grad=False)
+    with _dispatch.recording() as decisions:
+        _call("cudnn", q, k, v, attn_bias=torch.zeros(2, 1, 1, 64, dtype=q.dtype))
+    assert calls == [] and routed == ["cudnn"] and "attention mask given" in decisions[0].reason

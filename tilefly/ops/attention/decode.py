@@ -3,8 +3,9 @@
 ``decode_attention(q, k, v, bias=None, scale=None)`` computes SDPA's forward for q (B, H, Sq, D) with
 Sq <= 16 against k, v (B, Hkv, Sk, D), H a multiple of Hkv (query head h reads KV head h // (H / Hkv)),
 and an optional additive float bias broadcastable to (B, H, Sq, Sk) (-inf masks a key). Returns
-(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) FP32). Not routed by the attention family yet
-(kernels_decode's header says why and what is checked).
+(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) FP32). The attention family routes SDPA's masked
+decode calls here under ``config.attention_decode`` (eager.py); kernels_decode's header says what
+is checked.
 
 Split plan: enough (batch x head, split) programs for ``PROGRAMS_PER_SM`` a SM, each at least
 ``BLOCK_N`` keys, at most ``MAX_SPLITS`` splits.

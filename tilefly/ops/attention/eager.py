@@ -3,14 +3,17 @@ database says which implementation serves it.
 
 SDPA picks its backend in C++ (a dispatch stub, not an op), so tilefly overrides the
 backend ops themselves, forward and backward, on the CUDA key:
-``_scaled_dot_product_{cudnn,flash,efficient}_attention[_backward]``. Each op gets two
+``_scaled_dot_product_{cudnn,flash,efficient}_attention[_backward]``. Each op gets two or three
 implementations, tried in order:
 
+    tilefly_decode the masked split-KV decode (decode.py), with config.attention_decode on
+                   (forward cuDNN and efficient ops, which take a mask): no database involved
     tilefly_fa     tilefly's own kernels, where the database says they win
     sdpa_reroute   another stock backend, where the database says it beats this op's kernel
 
 and otherwise the op's own kernel runs, as without tilefly. An op the database never serves
-otherwise gets no override at all (``config.attention_routes`` "auto", database.route_reason):
+otherwise gets no override at all (``config.attention_routes`` "auto", database.route_reason;
+config.attention_decode installs the forward overrides of the ops that take a mask):
 a Python kernel costs host time on every call of its op, served or not. Forward and backward are
 decided separately; they stay consistent because every implementation's backward takes
 any implementation's saved output and log-sum-exp (backends.py), and outputs are laid
@@ -20,7 +23,11 @@ Eligibility (first failing row gives the reason; all keep the op's own kernel):
 
     | condition                                   | reason                                  |
     |---------------------------------------------|-----------------------------------------|
-    | attn_bias given (any mask but is_causal)    | attention mask given                    |
+    | attn_bias given (any mask but is_causal)    | attention mask given, unless            |
+    |                                             | config.attention_decode serves it:      |
+    |                                             | forward, no dropout or causal, and      |
+    |                                             | decode.unsupported passes (<= 16 query  |
+    |                                             | rows a head): decode.py's kernel        |
     | dropout_p > 0                               | dropout                                 |
     | return_debug_mask                           | debug attention mask requested          |
     | dtype not FP16/BF16 (FP32 stays ATen's)     | dtype                                   |
@@ -31,9 +38,10 @@ Eligibility (first failing row gives the reason; all keep the op's own kernel):
     |   own kernel is fastest                     |                                         |
     | every faster implementation refuses         | each one's reason (backends.py)         |
 
-The two predicates of one call share one decision: ``tilefly_fa``'s predicate (always
-first for an op) computes it, the later predicate and the serving function of the same
-call reuse it from a thread-local slot. Inside these overrides autograd is off: backward
+The predicates of one call share one decision: the first entry's predicate computes it
+(``tilefly_decode``'s where config.attention_decode installed that entry ahead of the
+forward ops that take a mask, else ``tilefly_fa``'s), the later predicates and the serving
+function of the same call reuse it from a thread-local slot. Inside these overrides autograd is off: backward
 is computed by backward kernels, never by torch.autograd.
 """
 from __future__ import annotations
@@ -44,10 +52,12 @@ import torch
 
 from tilefly import _device
 from tilefly._dispatch import Impl
-from tilefly.ops.attention import backends, database, formats
+from tilefly import config
+from tilefly.ops.attention import backends, database, decode, formats
 from tilefly.ops.attention.database import Decision
 
 FAMILY = "attention"
+DECODE = "tilefly_decode"    # the masked split-KV decode (decode.py): served by the tilefly_fa entry
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 REROUTE = "sdpa_reroute"
 _ABSENT = 1 << 30   # position of an argument this op does not have: never < len(args)
@@ -77,8 +87,9 @@ class BackendOp:
         i, n = self._qkv, len(args)
         q, k, v = args[i], args[i + 1], args[i + 2]
         bias_i, dropout_i, debug_i, causal_i = self._pos
-        if (args[bias_i] if bias_i < n else kwargs.get("attn_bias")) is not None:
-            return _MASK
+        bias = args[bias_i] if bias_i < n else kwargs.get("attn_bias")
+        if bias is not None:
+            return self._masked(q, k, v, bias, args, kwargs) if config.attention_decode else _MASK
         if (args[dropout_i] if dropout_i < n else kwargs.get("dropout_p", 0.0)) > 0.0:
             return _DROPOUT
         if args[debug_i] if debug_i < n else kwargs.get("return_debug_mask", False):
@@ -115,17 +126,37 @@ class BackendOp:
             refusals.append(f"{database.impl_id(name, cfg)}: {why}")
         return _keep("; ".join([plan.reason] + refusals))
 
-    def _decision(self, args: tuple, kwargs: dict, fresh: bool) -> Decision:
+    def _masked(self, q, k, v, bias, args: tuple, kwargs: dict) -> Decision:
+        """A masked call under config.attention_decode: the decode kernel's decision, or why not."""
+        spec = self.spec
+        if self.direction != "fwd":
+            return _keep("attention mask given: the masked decode serves forward calls only")
+        if spec.arg(args, kwargs, "dropout_p", 0.0) > 0.0 or spec.arg(args, kwargs, "return_debug_mask", False):
+            return _keep("attention mask given with dropout or a debug mask")
+        if spec.arg(args, kwargs, "is_causal", False):
+            return _keep("attention mask given with is_causal")
+        reason = _device.hopper_reason(q) or decode.unsupported(q, k, v, bias)
+        return Decision(DECODE, None, None) if reason is None else _keep(f"attention mask given; decode: {reason}")
+
+    def _decision(self, args: tuple, kwargs: dict, fresh: bool, pending: bool = False) -> Decision:
+        """This call's decision. ``fresh``: compute it; ``pending``: keep it marked as computed by an
+        earlier entry of this same call (the decode entry), for the next entry to take without recomputing."""
         ident = (self, id(args[self._qkv]), id(args[self._qkv + 1]))
         slot = getattr(_tls, "slot", None)
         if fresh or slot is None or slot[0] != ident:
-            slot = _tls.slot = (ident, self.decide(args, kwargs))
+            slot = (ident, self.decide(args, kwargs))
+        _tls.slot, _tls.pending = slot, pending
         return slot[1]
 
-    # ---- the two router implementations ---------------------------------------------------------
+    # ---- the router implementations ---------------------------------------------------------------
+
+    def decode_predicate(self, *args, **kwargs) -> str | None:
+        """First entry of the masked-capable forward ops under config.attention_decode."""
+        decision = self._decision(args, kwargs, fresh=True, pending=True)
+        return None if decision.impl == DECODE else decision.reason or f"database picks {decision.impl}"
 
     def tilefly_predicate(self, *args, **kwargs) -> str | None:
-        decision = self._decision(args, kwargs, fresh=True)
+        decision = self._decision(args, kwargs, fresh=not getattr(_tls, "pending", False))
         if decision.impl == backends.TileflyFA.name:
             return None
         return backends.TILEFLY_FA.unavailable() or decision.reason or f"database picks {decision.impl}"
@@ -138,6 +169,8 @@ class BackendOp:
 
     def serve(self, *args, **kwargs):
         decision = self._decision(args, kwargs, fresh=False)
+        if decision.impl == DECODE:
+            return self.serve_decode(args, kwargs)
         impl = backends.implementation(decision.impl, self.dispatch_key)
         if self.direction == "fwd":
             return self.serve_forward(impl, decision.config, args, kwargs)
@@ -160,6 +193,15 @@ class BackendOp:
         return (formats.conform(out, slots[0]),
                 formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], device),
                 *(formats.fill(s, device) for s in slots[2:]))
+
+    def serve_decode(self, args: tuple, kwargs: dict) -> tuple:
+        spec = self.spec
+        q, k, v = args[0], args[1], args[2]
+        need_lse = bool(spec.arg(args, kwargs, "compute_log_sumexp", True))
+        out, lse = decode.decode_attention(q, k, v, spec.arg(args, kwargs, "attn_bias"), spec.arg(args, kwargs, "scale"))
+        slots = spec.template(args, kwargs)
+        return (formats.conform(out, slots[0]), formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], q.device),
+                *(formats.fill(s, q.device) for s in slots[2:]))
 
     def serve_backward(self, impl, config: str | None, args: tuple, kwargs: dict) -> tuple:
         spec = self.spec
@@ -195,9 +237,24 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
     (database.route_reason: the override's host cost buys nothing there)."""
     out = []
     for route in backend_ops(dispatch_key):
-        gate = (lambda r=route: database.route_reason(r.backend, r.direction)) if dispatch_key == "CUDA" else None
+        if route.direction == "fwd" and "attn_bias" in route.spec.positions:
+            out.append(Impl(family, route.op, DECODE, route.decode_predicate, route.serve, dispatch_key,
+                            install_reason=_decode_off))
+        gate = (lambda r=route: _route_reason(r)) if dispatch_key == "CUDA" else None
         out.append(Impl(family, route.op, backends.TileflyFA.name, route.tilefly_predicate, route.serve,
                         dispatch_key, install_reason=gate))
         out.append(Impl(family, route.op, REROUTE, route.reroute_predicate, route.serve, dispatch_key,
                         install_reason=gate))
     return out
+
+
+def _route_reason(route: BackendOp) -> str | None:
+    """database.route_reason, except that config.attention_decode installs the forward overrides of
+    the ops that take a mask (cuDNN, efficient)."""
+    if config.attention_decode and route.direction == "fwd" and "attn_bias" in route.spec.positions:
+        return None
+    return database.route_reason(route.backend, route.direction)
+
+
+def _decode_off() -> str | None:
+    return None if config.attention_decode else "config.attention_decode is off"

@@ -1,10 +1,10 @@
 """Split-KV decode attention with an additive mask (plain Triton): at most 16 query rows a head
 (one decode token, or the query heads of one KV group) against a long KV cache.
 
-Not routed yet: ``decode_attention`` is a building block for SDPA's masked decode calls (the e2e
-benchmark's static cache passes a mask hiding its unwritten tail, and the attention family keeps
-every masked call on the op's own kernel). Correctness is checked under Triton's interpreter
-(``interpreter_checks``) and the kernels compile for sm_90a (``compile_specs``); nothing is measured.
+Serves SDPA's masked decode calls when ``config.attention_decode`` is on (eager.py; off by default:
+the e2e benchmark's static cache passes a mask hiding its unwritten tail, which otherwise keeps the
+op's own kernel). Correctness is checked under Triton's interpreter (decode.interpreter_checks) and
+the kernels compile for sm_90a (decode.compile_specs); nothing is measured yet.
 
 Why split the keys: a decode step has B x H programs' worth of query rows (32 requests x 8 KV heads =
 256), each against up to thousands of keys; splitting each head's keys over ``splits`` programs puts
