@@ -108,11 +108,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
                                  num_warps=4)
     _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
                                  (sq, h, splits, *out.stride()[:3]),
-                                 dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, triton_next_power_of_2(splits))), num_warps=4)
+                                 dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, _next_power_of_2(splits))), num_warps=4)
     return out, lse
 
 
-def triton_next_power_of_2(n: int) -> int:
+def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 

@@ -41,8 +41,8 @@ Eligibility (first failing row gives the reason; all keep the op's own kernel):
 The predicates of one call share one decision: the first entry's predicate computes it
 (``tilefly_decode``'s where config.attention_decode installed that entry ahead of the
 forward ops that take a mask, else ``tilefly_fa``'s), the later predicates and the serving
-function of the same call reuse it from a thread-local slot. Inside these overrides autograd is off: backward
-is computed by backward kernels, never by torch.autograd.
+function of the same call reuse it from a thread-local slot. Inside these overrides autograd
+is off: backward is computed by backward kernels, never by torch.autograd.
 """
 from __future__ import annotations
 
@@ -50,14 +50,13 @@ import threading
 
 import torch
 
-from tilefly import _device
+from tilefly import _device, config
 from tilefly._dispatch import Impl
-from tilefly import config
 from tilefly.ops.attention import backends, database, decode, formats
 from tilefly.ops.attention.database import Decision
 
 FAMILY = "attention"
-DECODE = "tilefly_decode"    # the masked split-KV decode (decode.py): served by the tilefly_fa entry
+DECODE = "tilefly_decode"    # the masked split-KV decode (decode.py): a router entry ahead of tilefly_fa
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 REROUTE = "sdpa_reroute"
 _ABSENT = 1 << 30   # position of an argument this op does not have: never < len(args)
@@ -198,9 +197,11 @@ class BackendOp:
         spec = self.spec
         q, k, v = args[0], args[1], args[2]
         need_lse = bool(spec.arg(args, kwargs, "compute_log_sumexp", True))
-        out, lse = decode.decode_attention(q, k, v, spec.arg(args, kwargs, "attn_bias"), spec.arg(args, kwargs, "scale"))
+        bias, scale = spec.arg(args, kwargs, "attn_bias"), spec.arg(args, kwargs, "scale")
+        out, lse = decode.decode_attention(q, k, v, bias, scale)
         slots = spec.template(args, kwargs)
-        return (formats.conform(out, slots[0]), formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], q.device),
+        return (formats.conform(out, slots[0]),
+                formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], q.device),
                 *(formats.fill(s, q.device) for s in slots[2:]))
 
     def serve_backward(self, impl, config: str | None, args: tuple, kwargs: dict) -> tuple:
