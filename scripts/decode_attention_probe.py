@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 8],
+                    help="key split counts to race beside the plan's (decode.plan_splits)")
     args = ap.parse_args()
 
     from tilefly.bench.timing import QUICK, measure
@@ -48,6 +50,10 @@ def main() -> None:
             gb = 2 * b * args.kv_heads * valid * args.head_dim * 2 / 1e9
             print(f"{b:>5} {valid:>5} {sdpa_us:>8.1f} {ours_us:>10.1f} {splits:>6} {sdpa_us / ours_us:>6.2f} "
                   f"{gb / sdpa_us * 1e6:>9.0f} {gb / ours_us * 1e6:>12.0f} {err:>8.1e}", flush=True)
+            for forced in args.splits:
+                us = measure(lambda: decode.decode_attention(q, k, v, bias, splits=forced), QUICK).median_us
+                print(f"{'':>5} {'':>5} {'':>8} {us:>10.1f} {forced:>6} {sdpa_us / us:>6.2f} {'':>9} "
+                      f"{gb / us * 1e6:>12.0f}", flush=True)
 
 
 if __name__ == "__main__":
