@@ -10,6 +10,7 @@ Importing tilefly compiles nothing and needs no GPU; kernels compile on first us
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import sys
 from typing import Iterable, Iterator
@@ -63,10 +64,9 @@ def enable(ops: Iterable[str] | str | None = None) -> tuple[str, ...]:
         return enabled_ops()
     families = [_ops.load(name) for name in names]
     _dispatch.install([f.name for f in families if f.reached_by == "eager"])
-    if "mx_gemm" in names:   # MXLinear's compiled graphs: one quantization per activation
-        from tilefly.mx import shared_quant_pass
-
-        shared_quant_pass.install()
+    for f in families:
+        if f.graph_pass:
+            importlib.import_module(f.graph_pass).install()
     inductor = {f.name for f in families if f.reached_by == "inductor"}
     if inductor:
         from tilefly import _inductor
@@ -83,8 +83,10 @@ def disable(ops: Iterable[str] | str | None = None) -> None:
     _inductor_families.difference_update(_inductor_families if names is None else names)
     if "tilefly._inductor" in sys.modules:  # never import Inductor just to undo nothing
         sys.modules["tilefly._inductor"].uninstall(names)
-    if "tilefly.mx.shared_quant_pass" in sys.modules and (names is None or "mx_gemm" in names):
-        sys.modules["tilefly.mx.shared_quant_pass"].uninstall()
+    for name in _ops.FAMILIES if names is None else names:
+        graph_pass = _ops.FAMILIES[name].graph_pass
+        if graph_pass in sys.modules:   # never imported: never installed
+            sys.modules[graph_pass].uninstall()
 
 
 def enabled_ops() -> tuple[str, ...]:

@@ -18,6 +18,9 @@ class Family:
     reached_by: str  # "eager" (dispatch router) or "inductor" (max-autotune candidates)
     summary: str
     default: bool = True  # installed by enable() without ops=; False until the family pays for itself
+    # A module whose install() / uninstall() enable() / disable() call beside the family's own routes:
+    # an Inductor graph pass its compiled graphs need. Imported only by enable().
+    graph_pass: str | None = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -36,7 +39,7 @@ FAMILIES: dict[str, Family] = {
                "torch.compile(mode='max-autotune'), backend TILEFLY"),
         Family("mx_gemm", "tilefly.ops.mx_gemm", "eager",
                "MXFP8 / MXFP4 F.scaled_mm (BlockWise1x32 E8M0 scales; aten::_scaled_mm_v2 and the legacy "
-               "_scaled_mm), which ATen cannot run on sm_90"),
+               "_scaled_mm), which ATen cannot run on sm_90", graph_pass="tilefly.mx.shared_quant_pass"),
     )
 }
 

@@ -271,15 +271,16 @@ def test_a_tilefly_kernel_module_plugs_into_the_slot(routed, tmp_path, monkeypat
 
 
 def _decode_stand_in(calls):
-    """decode.decode_attention's contract in float64 (the kernel itself runs in the interpreter checks)."""
+    """decode.decode_attention's contract through its float64 reference (the kernel itself runs in
+    the interpreter checks)."""
     import math
+
+    from tilefly.ops.attention import decode
 
     def fake(q, k, v, bias=None, scale=None, splits=None):
         calls.append((tuple(q.shape), None if bias is None else tuple(bias.shape)))
-        group = q.shape[1] // k.shape[1]
-        k64, v64 = (t.double().repeat_interleave(group, 1) for t in (k, v))
-        logits = q.double() @ k64.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1])) + bias.double()
-        return (torch.softmax(logits, -1) @ v64).to(q.dtype), torch.logsumexp(logits, -1).float()
+        out, lse = decode._reference(q, k, v, bias, scale or 1 / math.sqrt(q.shape[-1]))
+        return out.to(q.dtype), lse.float()
     return fake
 
 

@@ -100,7 +100,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     else:
         bias_arg = bias.expand(b, h, sq, sk)
         bias_strides = bias_arg.stride()
-    ints = (scale * 1.4426950408889634, sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
+    ints = (scale / math.log(2), sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *bias_strides)
     _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits), (q, k, v, bias_arg, o_part, m_part,
                                  l_part), ints, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_BIAS=bias is not None,
@@ -108,12 +108,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
                                  num_warps=4)
     _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
                                  (sq, h, splits, *out.stride()[:3]),
-                                 dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, _next_power_of_2(splits))), num_warps=4)
+                                 dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, 1 << (splits - 1).bit_length())),
+                                 num_warps=4)
     return out, lse
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _split_kernel():

@@ -143,8 +143,9 @@ class BackendOp:
         ident = (self, id(args[self._qkv]), id(args[self._qkv + 1]))
         slot = getattr(_tls, "slot", None)
         if fresh or slot is None or slot[0] != ident:
-            slot = (ident, self.decide(args, kwargs))
-        _tls.slot, _tls.pending = slot, pending
+            slot = _tls.slot = (ident, self.decide(args, kwargs), pending)
+        elif slot[2]:
+            _tls.slot = (ident, slot[1], False)   # taken: the next call decides afresh
         return slot[1]
 
     # ---- the router implementations ---------------------------------------------------------------
@@ -155,7 +156,8 @@ class BackendOp:
         return None if decision.impl == DECODE else decision.reason or f"database picks {decision.impl}"
 
     def tilefly_predicate(self, *args, **kwargs) -> str | None:
-        decision = self._decision(args, kwargs, fresh=not getattr(_tls, "pending", False))
+        slot = getattr(_tls, "slot", None)
+        decision = self._decision(args, kwargs, fresh=slot is None or not slot[2])
         if decision.impl == backends.TileflyFA.name:
             return None
         return backends.TILEFLY_FA.unavailable() or decision.reason or f"database picks {decision.impl}"
