@@ -225,8 +225,7 @@ def test_a_repeated_call_replays_its_plan_on_new_values(fmt, m, n, k):
     p = eligibility.parse(a, b, sa, sb, False, False)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch.run(p, a, b, sa, sb, out)
-    key = launch._key((None, p, out.device), a, b, sa, sb, out, None)
-    assert isinstance(launch._plans[key], CachedLaunch)
+    assert isinstance(launch._plans[launch.plan_key(p, a, b, sa, sb, out)], CachedLaunch)
     _check(out, reference(a, b, sa, sb, fmt, "none"), torch.bfloat16)
     for seed in (22, 23):
         a2, b2, sa2, sb2 = _cuda_operands(fmt, m, n, k, "none", seed=seed)

@@ -7,21 +7,32 @@ and an optional additive float bias broadcastable to (B, H, Sq, Sk) (-inf masks 
 decode calls here under ``config.attention_decode`` (eager.py); kernels_decode's header says what
 is checked.
 
-Split plan: enough (batch x head, split) programs for ``PROGRAMS_PER_SM`` a SM, each at least
-``BLOCK_N`` keys, at most ``MAX_SPLITS`` splits.
+Split plan: enough (batch x head, split) programs for ``programs_per_sm`` a SM, each at least
+``block_n`` keys, at most ``MAX_SPLITS`` splits. ``DecodeConfig`` holds the tile and launch knobs;
+scripts/decode_attention_probe.py sweeps them.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from tilefly import _device, _triton_launch
 
 BLOCK_M = 16              # query rows a program (the dot's smallest M)
-BLOCK_N = 64              # keys a step
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int = 64             # keys a step (a power of two, >= 16)
+    num_warps: int = 4
+    num_stages: int = 3           # K and V pipeline buffers
+    programs_per_sm: int = 4      # the split plan's target
+
+
+DEFAULT = DecodeConfig()
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -63,18 +74,19 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     return None
 
 
-def plan_splits(programs: int, keys: int, sm_count: int) -> tuple[int, int]:
-    """(splits, keys a split, a multiple of BLOCK_N) for ``programs`` (batch x head) programs."""
-    steps = -(-keys // BLOCK_N)
-    splits = max(1, min(MAX_SPLITS, steps, -(-sm_count * PROGRAMS_PER_SM // programs)))
-    per_split = -(-steps // splits) * BLOCK_N
+def plan_splits(programs: int, keys: int, sm_count: int, cfg: DecodeConfig = DEFAULT) -> tuple[int, int]:
+    """(splits, keys a split, a multiple of ``cfg.block_n``) for ``programs`` (batch x head) programs."""
+    steps = -(-keys // cfg.block_n)
+    splits = max(1, min(MAX_SPLITS, steps, -(-sm_count * cfg.programs_per_sm // programs)))
+    per_split = -(-steps // splits) * cfg.block_n
     return -(-keys // per_split), per_split
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
-                     scale: float | None = None, splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float | None = None, splits: int | None = None,
+                     cfg: DecodeConfig = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
     """SDPA forward for a few query rows a head (module docstring): (out, lse). ``splits`` forces
-    the key split count (tests); ValueError names what is not supported."""
+    the key split count (tests, the probe); ValueError names what is not supported."""
     reason = unsupported(q, k, v, bias)
     if reason:
         raise ValueError(f"decode_attention: {reason}")
@@ -85,9 +97,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     programs = b * h
     sms = _device.sm_count(q) if q.is_cuda else 8
     if splits is None:
-        splits, per_split = plan_splits(programs, sk, sms)
+        splits, per_split = plan_splits(programs, sk, sms, cfg)
     else:
-        per_split = -(-(-(-sk // splits)) // BLOCK_N) * BLOCK_N
+        per_split = -(-(-(-sk // splits)) // cfg.block_n) * cfg.block_n
         splits = -(-sk // per_split)
     f32 = dict(dtype=torch.float32, device=q.device)
     o_part = torch.empty(programs * splits * BLOCK_M * d, **f32)
@@ -103,9 +115,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     ints = (scale / math.log(2), sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *bias_strides)
     _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits), (q, k, v, bias_arg, o_part, m_part,
-                                 l_part), ints, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_BIAS=bias is not None,
+                                 l_part), ints, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, HAS_BIAS=bias is not None,
                                                      UPCAST=not q.is_cuda),
-                                 num_warps=4)
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
                                  (sq, h, splits, *out.stride()[:3]),
                                  dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, 1 << (splits - 1).bit_length())),
@@ -152,6 +164,9 @@ def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
         bias = torch.where(torch.arange(sk)[None, :] < lengths[:, None], 0.0, float("-inf"))
         bias = bias.to(dtype)[:, None, None, :]                                       # (B, 1, 1, Sk)
         k[-1, :, lengths[-1]:] = float("nan")       # masked keys never reach the output
+    elif mask == "window":          # leading keys and a gap masked: whole masked blocks inside the live range
+        seen = (torch.arange(sk) >= sk // 3) & ((torch.arange(sk) < sk // 2) | (torch.arange(sk) >= sk - 40))
+        bias = torch.where(seen, 0.0, float("-inf")).to(dtype)[None, None, None, :]  # (1, 1, 1, Sk)
     elif mask == "additive":        # finite, per head and row, plus one fully masked row
         bias = (torch.randn(b, h, sq, sk, generator=gen) * 2).to(dtype)
         bias[0, 0, 0] = float("-inf")
@@ -171,6 +186,7 @@ def interpreter_checks():
         ("no-mask,fp16,one-row", (1, 2, 2, 1, 320, 128, torch.float16, None, 2)),
         ("additive,bf16,rows-16", (2, 2, 1, 16, 130, 32, torch.bfloat16, "additive", None)),
         ("prefix-mask,one-split", (3, 1, 1, 3, 96, 16, torch.float16, "prefix", 1)),
+        ("window-mask,gaps", (2, 2, 1, 2, 400, 32, torch.bfloat16, "window", 2)),
     ]
     import functools
 
@@ -181,6 +197,9 @@ def compile_specs():
     """Both kernels for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias."""
     from tilefly.compile_check import KernelSpec
 
+    # the pointers and the K/V/query strides and split length are multiples of 16 on a real cache, and
+    # Triton specializes on it: only then do the K and V loads become pipelined 16-byte async copies
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(7), *range(12, 22))}
     specs = []
     for dtype in ("bf16", "fp16"):
         for d in (64, 128):
@@ -193,10 +212,10 @@ def compile_specs():
                        "D": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "HAS_BIAS": "constexpr",
                        "UPCAST": "constexpr"}
                 specs.append(KernelSpec(f"attention.decode_split[{dtype},d={d},bias={int(has_bias)}]", _split_kernel,
-                                        sig, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_BIAS=has_bias,
+                                        sig, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=DEFAULT.block_n, HAS_BIAS=has_bias,
                                                   UPCAST=False),
-                                        attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=4,
-                                        sass_must_contain=("HMMA",)))
+                                        attrs=aligned, num_warps=DEFAULT.num_warps, num_stages=DEFAULT.num_stages,
+                                        sass_must_contain=("HMMA", "LDGSTS")))
             sig = {"o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "out_ptr": f"*{dtype}",
                    "lse_ptr": "*fp32", "Sq": "i32", "H": "i32", "splits": "i32", "so_b": "i32", "so_h": "i32",
                    "so_m": "i32", "D": "constexpr", "BLOCK_M": "constexpr", "SPLITS": "constexpr"}

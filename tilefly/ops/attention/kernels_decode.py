@@ -10,21 +10,24 @@ Why split the keys: a decode step has B x H programs' worth of query rows (32 re
 256), each against up to thousands of keys; splitting each head's keys over ``splits`` programs puts
 enough programs on 132 SMs to stream the cache at full bandwidth.
 
-Layout plan (``decode_split_kernel``, one program per (batch x head, split), num_warps 4):
+Layout plan (``decode_split_kernel``, one program per (batch x head, split), num_warps 4 by default):
 
     query       [BLOCK_M = 16, D] rows of one (batch, head), loaded once, padding rows zero; the dot
                 needs M >= 16, so Sq <= 16.
-    keys        BLOCK_N = 64 keys a step, over the program's contiguous range of ``keys_per_split``
-                (a multiple of BLOCK_N). A step first loads its [16, 64] bias block (stride-0 dims
-                broadcast, as an expanded mask has them): when every entry is -inf the step skips its
-                K and V loads entirely (a static cache's unwritten tail costs the bias bytes only).
-                Otherwise K [64, D] and V [64, D] are loaded, S = Q K^T on the tensor cores (FP32),
+    keys        BLOCK_N (decode.DecodeConfig, 64 by default) keys a step, over the program's contiguous
+                range of ``keys_per_split`` (a multiple of BLOCK_N). With a bias, a first pass reads the
+                range's [16, BLOCK_N] bias blocks (stride-0 dims broadcast, as an expanded mask has
+                them) and ends the range after its last key that some row does not mask: a static
+                cache's unwritten tail costs the bias bytes only. The main loop has no branch, so
+                Triton pipelines its K and V loads over ``num_stages`` shared-memory buffers.
+                Each step loads K and V [BLOCK_N, D] and the bias block, S = Q K^T on the tensor cores (FP32),
                 logits in base 2 (``sm_scale * log2(e)``, the bias times log2(e)), an online softmax
                 (running max m, sum l, FP32 accumulator [16, D]), P cast to the input dtype for P V.
                 A key whose bias is -inf gets logit -inf whatever Q K^T is (a NaN or Inf key it masks
                 does not reach the output); NaN in an unmasked key, query or bias propagates.
     partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized.
-    shared      no explicit shared memory; registers: the accumulator (16 x D / 128 FP32 a thread).
+    shared      Triton's pipeline buffers for K and V (num_stages x 2 x BLOCK_N x D x 2 bytes);
+                registers: the accumulator (16 x D / (32 x num_warps) FP32 a thread).
 
 ``decode_combine_kernel`` (one program per batch x head) rescales the splits' partials to their common
 max, sums them, divides, and writes the output (any strides, the query's dtype) and the natural-log
@@ -61,38 +64,46 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
     v_base = v_ptr + b.to(tl.int64) * sv_b + kv * sv_h
     bias_base = bias_ptr + b.to(tl.int64) * sb_b + h * sb_h
 
+    start = split * keys_per_split
+    end = tl.minimum(start + keys_per_split, Sk)
+    if HAS_BIAS:   # trim the range to its last key some row sees: a static cache's tail costs bias bytes only
+        last = tl.zeros([BLOCK_N], tl.int32) + start
+        for n0 in range(start, end, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            bias = tl.load(bias_base + rows[:, None] * sb_m + cols[None, :] * sb_n,
+                           mask=row_live[:, None] & (cols < end)[None, :], other=NEG_INF)
+            last = tl.maximum(last, tl.where(tl.max(bias, axis=0) > NEG_INF, cols + 1, start))
+        end = tl.max(last, axis=0)
+
     m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    start = split * keys_per_split
-    end = tl.minimum(start + keys_per_split, Sk)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):      # no branch in the body: the K and V loads pipeline
         cols = n0 + tl.arange(0, BLOCK_N)
-        live = row_live[:, None] & (cols < end)[None, :]
+        key_live = cols < end
+        live = row_live[:, None] & key_live[None, :]
         if HAS_BIAS:
             bias = tl.load(bias_base + rows[:, None] * sb_m + cols[None, :] * sb_n, mask=live,
                            other=NEG_INF).to(tl.float32)
         else:
             bias = tl.where(live, 0.0, NEG_INF)
-        if tl.max(tl.max(bias, axis=1), axis=0) > NEG_INF:   # else every key here is masked: skip K and V
-            key_live = cols < end
-            k = tl.load(k_base + cols[:, None] * sk_n + dims[None, :], mask=key_live[:, None], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale_log2 + bias * LOG2E
-            s = tl.where(bias == NEG_INF, NEG_INF, s)
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # rows with every logit -inf so far keep m = -inf: shift by 0 there, not by -inf
-            shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-            p = tl.math.exp2(s - shift[:, None])
-            alpha = tl.math.exp2(m_i - shift)
-            v = tl.load(v_base + cols[:, None] * sv_n + dims[None, :], mask=key_live[:, None], other=0.0)
-            if UPCAST:   # P rounded to the input dtype as on the GPU, then multiplied in FP32
-                acc = acc * alpha[:, None] + tl.dot(p.to(v_ptr.dtype.element_ty).to(tl.float32), v.to(tl.float32))
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+        k = tl.load(k_base + cols[:, None] * sk_n + dims[None, :], mask=key_live[:, None], other=0.0)
+        v = tl.load(v_base + cols[:, None] * sv_n + dims[None, :], mask=key_live[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k)) * scale_log2 + bias * LOG2E
+        s = tl.where(bias == NEG_INF, NEG_INF, s)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # rows with every logit -inf so far keep m = -inf: shift by 0 there, not by -inf
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+        p = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
+        if UPCAST:   # P rounded to the input dtype as on the GPU, then multiplied in FP32
+            acc = acc * alpha[:, None] + tl.dot(p.to(v_ptr.dtype.element_ty).to(tl.float32), v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
 
     part = bh * splits + split
     tl.store(o_part_ptr + (part * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :], acc)

@@ -86,14 +86,17 @@ _plans: dict[tuple, object] = {}
 WORKSPACE_AT = 6        # position of the split-K partials and tickets among the kernels' arguments
 
 
-def _key(cfg, *tensors):
-    return (cfg,) + tuple(None if t is None else (t.dtype, t.data_ptr(), t.shape, t.stride()) for t in tensors)
+def plan_key(p: MXProblem, a, b, scale_a, scale_b, out, bias=None, cfg: MXConfig | None = None) -> tuple:
+    """The ``_plans`` key of one call: the problem, the options that shape its launch and each operand's address."""
+    tensors = (a, b, scale_a, scale_b, out, bias)
+    return (cfg, p, out.device, config.mx_pdl) + tuple(
+        None if t is None else (t.dtype, t.data_ptr(), t.shape, t.stride()) for t in tensors)
 
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
     """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
-    key = _key((cfg, p, out.device, config.mx_pdl), a, b, scale_a, scale_b, out, bias)
+    key = plan_key(p, a, b, scale_a, scale_b, out, bias, cfg)
     run_cached(_plans, key, lambda: _prepare(p, a, b, scale_a, scale_b, out, bias, cfg))
     return out
 
