@@ -22,6 +22,7 @@ from tilefly import _device, _triton_launch
 
 BLOCK_M = 16              # query rows a program (the dot's smallest M)
 MAX_SPLITS = 64
+SCAN = 256                # bias keys a probe of the backward scan for a split's last live key
 
 
 @dataclass(frozen=True)
@@ -102,26 +103,32 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
         per_split = -(-(-(-sk // splits)) // cfg.block_n) * cfg.block_n
         splits = -(-sk // per_split)
     f32 = dict(dtype=torch.float32, device=q.device)
-    o_part = torch.empty(programs * splits * BLOCK_M * d, **f32)
-    m_part = torch.empty(programs * splits * BLOCK_M, **f32)
-    l_part = torch.empty(programs * splits * BLOCK_M, **f32)
     out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), **f32)
+    direct = splits == 1
+    if direct:                  # the split kernel writes out and lse itself: no partials, no combine
+        o_part = m_part = l_part = lse
+    else:
+        o_part = torch.empty(programs * splits * BLOCK_M * d, **f32)
+        m_part = torch.empty(programs * splits * BLOCK_M, **f32)
+        l_part = torch.empty(programs * splits * BLOCK_M, **f32)
     if bias is None:
         bias_arg, bias_strides = q, (0, 0, 0, 0)
     else:
         bias_arg = bias.expand(b, h, sq, sk)
         bias_strides = bias_arg.stride()
     ints = (scale / math.log(2), sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
-            *v.stride()[:3], *bias_strides)
-    _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits), (q, k, v, bias_arg, o_part, m_part,
-                                 l_part), ints, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, HAS_BIAS=bias is not None,
-                                                     UPCAST=not q.is_cuda),
+            *v.stride()[:3], *bias_strides, *out.stride()[:3])
+    _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits),
+                                 (q, k, v, bias_arg, o_part, m_part, l_part, out, lse), ints,
+                                 dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, SCAN=SCAN, HAS_BIAS=bias is not None,
+                                      DIRECT=direct, UPCAST=not q.is_cuda),
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
-                                 (sq, h, splits, *out.stride()[:3]),
-                                 dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, 1 << (splits - 1).bit_length())),
-                                 num_warps=4)
+    if not direct:
+        _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
+                                     (sq, h, splits, *out.stride()[:3]),
+                                     dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, 1 << (splits - 1).bit_length())),
+                                     num_warps=4)
     return out, lse
 
 
@@ -187,6 +194,7 @@ def interpreter_checks():
         ("additive,bf16,rows-16", (2, 2, 1, 16, 130, 32, torch.bfloat16, "additive", None)),
         ("prefix-mask,one-split", (3, 1, 1, 3, 96, 16, torch.float16, "prefix", 1)),
         ("window-mask,gaps", (2, 2, 1, 2, 400, 32, torch.bfloat16, "window", 2)),
+        ("additive,one-split", (1, 2, 2, 5, 300, 64, torch.float16, "additive", 1)),
     ]
     import functools
 
@@ -194,26 +202,28 @@ def interpreter_checks():
 
 
 def compile_specs():
-    """Both kernels for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias."""
+    """Both kernels for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias, the
+    split kernel also writing the output itself (one split)."""
     from tilefly.compile_check import KernelSpec
 
     # the pointers and the K/V/query strides and split length are multiples of 16 on a real cache, and
     # Triton specializes on it: only then do the K and V loads become pipelined 16-byte async copies
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(7), *range(12, 22))}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(9), *range(14, 24))}
     specs = []
     for dtype in ("bf16", "fp16"):
         for d in (64, 128):
-            for has_bias in (False, True):
+            for has_bias, direct in ((False, False), (True, False), (True, True)):
                 sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
-                       "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "scale_log2": "fp32",
+                       "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "out_ptr": f"*{dtype}",
+                       "lse_ptr": "*fp32", "scale_log2": "fp32",
                        **{n: "i32" for n in ("Sq", "Sk", "H", "GROUP", "keys_per_split", "sq_b", "sq_h", "sq_m",
                                              "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sb_b", "sb_h", "sb_m",
-                                             "sb_n")},
-                       "D": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "HAS_BIAS": "constexpr",
-                       "UPCAST": "constexpr"}
-                specs.append(KernelSpec(f"attention.decode_split[{dtype},d={d},bias={int(has_bias)}]", _split_kernel,
-                                        sig, dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=DEFAULT.block_n, HAS_BIAS=has_bias,
-                                                  UPCAST=False),
+                                             "sb_n", "so_b", "so_h", "so_m")},
+                       **{n: "constexpr" for n in ("D", "BLOCK_M", "BLOCK_N", "SCAN", "HAS_BIAS", "DIRECT", "UPCAST")}}
+                name = f"attention.decode_split[{dtype},d={d},bias={int(has_bias)},direct={int(direct)}]"
+                specs.append(KernelSpec(name, _split_kernel, sig,
+                                        dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=DEFAULT.block_n, SCAN=SCAN,
+                                             HAS_BIAS=has_bias, DIRECT=direct, UPCAST=False),
                                         attrs=aligned, num_warps=DEFAULT.num_warps, num_stages=DEFAULT.num_stages,
                                         sass_must_contain=("HMMA", "LDGSTS")))
             sig = {"o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "out_ptr": f"*{dtype}",

@@ -1,10 +1,9 @@
 """Split-KV decode attention with an additive mask (plain Triton): at most 16 query rows a head
 (one decode token, or the query heads of one KV group) against a long KV cache.
 
-Serves SDPA's masked decode calls when ``config.attention_decode`` is on (eager.py; off by default:
-the e2e benchmark's static cache passes a mask hiding its unwritten tail, which otherwise keeps the
-op's own kernel). Correctness is checked under Triton's interpreter (decode.interpreter_checks) and
-the kernels compile for sm_90a (decode.compile_specs); nothing is measured yet.
+Serves SDPA's masked decode calls when ``config.attention_decode`` is on (eager.py; off by default).
+Correctness is checked under Triton's interpreter (decode.interpreter_checks) and the kernels compile
+for sm_90a (decode.compile_specs); BENCHMARKS.md (session 30) has the H200 measurements.
 
 Why split the keys: a decode step has B x H programs' worth of query rows (32 requests x 8 KV heads =
 256), each against up to thousands of keys; splitting each head's keys over ``splits`` programs puts
@@ -15,21 +14,24 @@ Layout plan (``decode_split_kernel``, one program per (batch x head, split), num
     query       [BLOCK_M = 16, D] rows of one (batch, head), loaded once, padding rows zero; the dot
                 needs M >= 16, so Sq <= 16.
     keys        BLOCK_N (decode.DecodeConfig, 64 by default) keys a step, over the program's contiguous
-                range of ``keys_per_split`` (a multiple of BLOCK_N). With a bias, a first pass reads the
-                range's [16, BLOCK_N] bias blocks (stride-0 dims broadcast, as an expanded mask has
-                them) and ends the range after its last key that some row does not mask: a static
-                cache's unwritten tail costs the bias bytes only. The main loop has no branch, so
-                Triton pipelines its K and V loads over ``num_stages`` shared-memory buffers.
+                range of ``keys_per_split`` (a multiple of BLOCK_N). With a bias, a backward scan first
+                reads the range's bias SCAN = 256 keys at a time ([16, SCAN] blocks, stride-0 dims
+                broadcast as an expanded mask has them), from the range's end down to its last key
+                that some row does not mask, and the range ends there: a static cache's unwritten tail
+                costs bias bytes only, and a range live to its end costs one probe before the K and V
+                loads start. The main loop has no branch, so Triton pipelines its K and V loads over
+                ``num_stages`` shared-memory buffers.
                 Each step loads K and V [BLOCK_N, D] and the bias block, S = Q K^T on the tensor cores (FP32),
                 logits in base 2 (``sm_scale * log2(e)``, the bias times log2(e)), an online softmax
                 (running max m, sum l, FP32 accumulator [16, D]), P cast to the input dtype for P V.
                 A key whose bias is -inf gets logit -inf whatever Q K^T is (a NaN or Inf key it masks
                 does not reach the output); NaN in an unmasked key, query or bias propagates.
-    partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized.
+    partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized;
+                with one split (DIRECT) the program divides and writes the output and log-sum-exp itself.
     shared      Triton's pipeline buffers for K and V (num_stages x 2 x BLOCK_N x D x 2 bytes);
                 registers: the accumulator (16 x D / (32 x num_warps) FP32 a thread).
 
-``decode_combine_kernel`` (one program per batch x head) rescales the splits' partials to their common
+``decode_combine_kernel`` (one program per batch x head, two splits or more) rescales the splits' partials to their common
 max, sums them, divides, and writes the output (any strides, the query's dtype) and the natural-log
 log-sum-exp (B x H x Sq FP32). A fully masked row has max -inf: its output is NaN, as PyTorch's math
 SDPA gives it, and its log-sum-exp -inf.
@@ -42,11 +44,11 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l_part_ptr,
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l_part_ptr, out_ptr, lse_ptr,
                         scale_log2, Sq, Sk, H, GROUP, keys_per_split,
-                        sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sb_b, sb_h, sb_m, sb_n,
-                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        UPCAST: tl.constexpr):
+                        sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sb_b, sb_h, sb_m, sb_n, so_b, so_h, so_m,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -66,14 +68,18 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
 
     start = split * keys_per_split
     end = tl.minimum(start + keys_per_split, Sk)
-    if HAS_BIAS:   # trim the range to its last key some row sees: a static cache's tail costs bias bytes only
-        last = tl.zeros([BLOCK_N], tl.int32) + start
-        for n0 in range(start, end, BLOCK_N):
-            cols = n0 + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:   # trim the range to its last key some row sees (header: the backward scan)
+        hi = end
+        searching = hi > start
+        while searching:
+            lo = tl.maximum(hi - SCAN, start)
+            cols = lo + tl.arange(0, SCAN)
             bias = tl.load(bias_base + rows[:, None] * sb_m + cols[None, :] * sb_n,
-                           mask=row_live[:, None] & (cols < end)[None, :], other=NEG_INF)
-            last = tl.maximum(last, tl.where(tl.max(bias, axis=0) > NEG_INF, cols + 1, start))
-        end = tl.max(last, axis=0)
+                           mask=row_live[:, None] & (cols < hi)[None, :], other=NEG_INF)
+            last = tl.max(tl.where(tl.max(bias, axis=0) > NEG_INF, cols + 1, 0), axis=0)
+            hi = tl.where(last > 0, last, lo)
+            searching = (last == 0) & (lo > start)
+        end = hi
 
     m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -105,10 +111,17 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
-    part = bh * splits + split
-    tl.store(o_part_ptr + (part * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :], acc)
-    tl.store(m_part_ptr + part * BLOCK_M + rows, m_i)
-    tl.store(l_part_ptr + part * BLOCK_M + rows, l_i)
+    if DIRECT:     # one split: this program's sums are the row's, no combine launch
+        out = acc / l_i[:, None]           # 0 / 0 = NaN for a fully masked row, as math SDPA gives
+        tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
+        lse = tl.where(m_i == NEG_INF, NEG_INF, (m_i + tl.math.log2(l_i)) / LOG2E)
+        tl.store(lse_ptr + bh * Sq + rows, lse, mask=row_live)
+    else:
+        part = bh * splits + split
+        tl.store(o_part_ptr + (part * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :], acc)
+        tl.store(m_part_ptr + part * BLOCK_M + rows, m_i)
+        tl.store(l_part_ptr + part * BLOCK_M + rows, l_i)
 
 
 @triton.jit
