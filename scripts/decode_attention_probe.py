@@ -1,6 +1,7 @@
-"""Masked decode attention on the e2e benchmark's shapes: SDPA as the e2e model calls it (a boolean
-(B, 1, 1, L) mask; PyTorch picks the backend, cuDNN on the H200) against tilefly's split-KV decode
-(tilefly/ops/attention/decode.py, the mask as an additive bias), GPU µs per call.
+"""Masked decode attention on the e2e benchmark's shapes: SDPA as the compiled e2e step calls it against
+tilefly's split-KV decode (tilefly/ops/attention/decode.py), GPU µs per call. Both get the additive
+(B, 1, 1, L) bias that PyTorch's cuDNN path makes of the model's boolean mask: 0 where a key is seen,
+-65504 where it is hidden. PyTorch picks SDPA's backend: cuDNN on the H200.
 
 Each provider's calls are captured in one CUDA graph (``--reps`` calls a replay, cycling through
 copies of the inputs that together exceed 100 MB, so no call finds its cache in L2), as the e2e
@@ -13,18 +14,21 @@ the K and V bytes of the valid positions only (what a kernel that skips the mask
 ``--sweep`` races every DecodeConfig of the grid below (configs that do not fit are skipped).
 
     python scripts/decode_attention_probe.py [--batch 8 16 32] [--valid 256 512 767] [--cache 768] [--sweep]
+                                             [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
+import json
 import math
 import statistics
 
 import torch
 import torch.nn.functional as F
 
-SWEEP = dict(block_n=(32, 64, 128), num_warps=(4,), num_stages=(2, 3), programs_per_sm=(2, 4, 8))
+SWEEP = dict(block_n=(32, 64, 128), num_warps=(4,), num_stages=(2, 3), programs_per_sm=(1, 2, 4, 8))
 
 
 def graph_us(call, sets: list, reps: int, replays: int) -> float:
@@ -59,6 +63,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--replays", type=int, default=15)
     ap.add_argument("--sweep", action="store_true", help="race the DecodeConfig grid, not the default only")
+    ap.add_argument("--json", help="write every (shape, config) time here")
     args = ap.parse_args()
 
     from tilefly.ops.attention import decode
@@ -71,6 +76,7 @@ def main() -> None:
     print(f"{'batch':>5} {'valid':>5} {'SDPA us':>8} {'default us':>10} {'best us':>8} {'SDPA/best':>9} "
           f"{'SDPA GB/s':>9} {'best GB/s':>9} {'max err':>8}  best config")
     wins: dict = {}
+    rows: list[dict] = []
     for b in args.batch:
         for valid in args.valid:
             kv_bytes = 2 * b * args.kv_heads * args.cache * args.head_dim * 2
@@ -79,18 +85,18 @@ def main() -> None:
                 q = torch.randn(b, args.kv_heads, args.group, args.head_dim, device="cuda", dtype=dt)
                 k = torch.randn(b, args.kv_heads, args.cache, args.head_dim, device="cuda", dtype=dt)
                 v = torch.randn_like(k)
-                mask = (torch.arange(args.cache, device="cuda") < valid).expand(b, 1, 1, args.cache)
-                bias = torch.zeros(mask.shape, device="cuda", dtype=dt).masked_fill(~mask, float("-inf"))
-                sets.append((q, k, v, mask, bias))
-            sdpa_us = graph_us(lambda q, k, v, m, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                seen = (torch.arange(args.cache, device="cuda") < valid).expand(b, 1, 1, args.cache)
+                bias = torch.zeros(seen.shape, device="cuda", dtype=dt).masked_fill(~seen, -65504.0)
+                sets.append((q, k, v, bias))
+            sdpa_us = graph_us(lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
                                sets, args.reps, args.replays)
-            q, k, v, mask, bias = sets[0]
-            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).float()
+            q, k, v, bias = sets[0]
+            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).float()
             timed = {}
             for cfg in configs:
                 try:
                     err = (decode.decode_attention(q, k, v, bias, cfg=cfg)[0].float() - ref).abs().max().item()
-                    us = graph_us(lambda q, k, v, m, bias, cfg=cfg: decode.decode_attention(q, k, v, bias, cfg=cfg),
+                    us = graph_us(lambda q, k, v, bias, cfg=cfg: decode.decode_attention(q, k, v, bias, cfg=cfg),
                                   sets, args.reps, args.replays)
                 except Exception as e:  # noqa: BLE001 - a config that does not fit the SM is skipped
                     if cfg == decode.DEFAULT:
@@ -98,6 +104,8 @@ def main() -> None:
                     print(f"      skipped {cfg}: {type(e).__name__}", flush=True)
                     continue
                 timed[cfg] = (us, err)
+                rows.append(dict(batch=b, valid=valid, cache=args.cache, sdpa_us=sdpa_us, us=us, max_err=err,
+                                 **dataclasses.asdict(cfg)))
             best = min(timed, key=lambda c: timed[c][0])
             wins.setdefault(best, []).append((b, valid))
             gb = 2 * b * args.kv_heads * valid * args.head_dim * 2 / 1e9
@@ -105,6 +113,9 @@ def main() -> None:
             print(f"{b:>5} {valid:>5} {sdpa_us:>8.1f} {timed[decode.DEFAULT][0]:>10.1f} {best_us:>8.1f} "
                   f"{sdpa_us / best_us:>9.2f} {gb / sdpa_us * 1e6:>9.0f} {gb / best_us * 1e6:>9.0f} "
                   f"{max(e for _, e in timed.values()):>8.1e}  {best}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
     if args.sweep:
         print("configs that won a shape:")
         for cfg, shapes in wins.items():

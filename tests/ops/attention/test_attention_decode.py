@@ -58,15 +58,16 @@ def test_split_plan(programs, keys, splits, per_split):
 # ---- GPU ----------------------------------------------------------------------------------------
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("hidden", [float("-inf"), -65504.0])   # -65504: PyTorch's boolean mask for cuDNN
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b, hk, group, sk, d", [(32, 8, 4, 768, 128), (3, 2, 1, 1000, 64), (1, 4, 2, 5000, 128)])
-def test_cuda_decode_matches_float64_sdpa(dtype, b, hk, group, sk, d):
+def test_cuda_decode_matches_float64_sdpa(dtype, b, hk, group, sk, d, hidden):
     torch.manual_seed(b + sk)
     # the e2e grouped decode: the G query heads of a KV group as G query rows of one head
     q, k, v = _qkv(b, hk, hk, group, sk, d, dtype, "cuda")
     lengths = torch.randint(1, sk + 1, (b,), device="cuda")
     mask = torch.arange(sk, device="cuda")[None, :] < lengths[:, None]
-    bias = torch.zeros(b, 1, 1, sk, dtype=dtype, device="cuda").masked_fill(~mask[:, None, None, :], float("-inf"))
+    bias = torch.zeros(b, 1, 1, sk, dtype=dtype, device="cuda").masked_fill(~mask[:, None, None, :], hidden)
     out, lse = decode.decode_attention(q, k, v, bias)
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=bias.double())
     tol = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -9
@@ -107,3 +108,26 @@ def test_cuda_sdpa_masked_decode_is_served_under_the_option(monkeypatch):
             captured = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         graph.replay()
         torch.testing.assert_close(captured, out, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_sdpa_masked_decode_is_served_under_the_option(monkeypatch):
+    """Compiled, the e2e model's boolean mask reaches the cuDNN op as a -65504 bias (PyTorch's
+    conversion for cuDNN); the decode entry serves that call and masks those keys."""
+    import tilefly
+    from tilefly import _dispatch, config
+
+    monkeypatch.setattr(config, "attention_decode", True)
+    q, k, v = _qkv(8, 8, 8, 4, 768, 128, BF16, "cuda")
+    lengths = torch.randint(1, 769, (8,), device="cuda")
+    mask = (torch.arange(768, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    k.masked_fill_(~mask.transpose(-1, -2), float("nan"))      # hidden keys must not be read
+    v.masked_fill_(~mask.transpose(-1, -2), float("nan"))
+    want = F.scaled_dot_product_attention(q.double(), k.double().nan_to_num(), v.double().nan_to_num(),
+                                          attn_mask=mask)
+    with tilefly.enabled("attention"):
+        step = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), fullgraph=True)
+        with _dispatch.recording() as decisions:
+            out = step(q, k, v, mask)
+    assert "tilefly_decode" in [d.impl for d in decisions], decisions
+    torch.testing.assert_close(out.double(), want, rtol=2.0 ** -7, atol=2.0 ** -5)

@@ -23,6 +23,7 @@ from tilefly import _device, _triton_launch
 BLOCK_M = 16              # query rows a program (the dot's smallest M)
 MAX_SPLITS = 64
 SCAN = 256                # bias keys a probe of the backward scan for a split's last live key
+MASK_FLOOR = -65504.0     # a bias at or below this masks its key (kernels_decode's header says why)
 
 
 @dataclass(frozen=True)
@@ -147,16 +148,18 @@ def _combine_kernel():
 # ---- checks: Triton's interpreter on CPU tensors, and sm_90a compiles (configs collects both) ----------
 
 def _reference(q, k, v, bias, scale):
-    """Float64 SDPA with PyTorch's math semantics (a fully masked row is NaN), except that a key
-    whose bias is -inf is left out whatever its values (kernels_decode's rule)."""
+    """Float64 SDPA with PyTorch's semantics (a fully masked row gives 0, log-sum-exp -inf), under
+    kernels_decode's rule that a key whose bias is at most MASK_FLOOR is masked whatever its values."""
     group = q.shape[1] // k.shape[1]
     k64 = k.double().repeat_interleave(group, dim=1)
     v64 = v.double().repeat_interleave(group, dim=1)
     logits = q.double() @ k64.transpose(-1, -2) * scale
     if bias is not None:
         bias = bias.double().expand_as(logits)
-        logits = torch.where(bias == float("-inf"), float("-inf"), logits + bias)
-    return torch.softmax(logits, dim=-1) @ v64, torch.logsumexp(logits, dim=-1)
+        logits = torch.where(bias <= MASK_FLOOR, float("-inf"), logits + bias)
+    masked = torch.isneginf(logits)
+    weights = torch.softmax(logits.masked_fill(masked.all(-1, keepdim=True), 0.0), dim=-1).masked_fill(masked, 0.0)
+    return weights @ v64.masked_fill(masked.all(-2).unsqueeze(-1), 0.0), torch.logsumexp(logits, dim=-1)
 
 
 def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
@@ -165,12 +168,14 @@ def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
     k = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
     v = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
     bias = None
-    if mask == "prefix":            # a static cache: request i sees its first lengths[i] keys
+    if mask in ("prefix", "prefix-floor"):   # a static cache: request i sees its first lengths[i] keys
         lengths = torch.randint(1, sk + 1, (b,), generator=gen)
         lengths[0] = sk
-        bias = torch.where(torch.arange(sk)[None, :] < lengths[:, None], 0.0, float("-inf"))
+        hidden = float("-inf") if mask == "prefix" else MASK_FLOOR    # -65504: PyTorch's cuDNN conversion
+        bias = torch.where(torch.arange(sk)[None, :] < lengths[:, None], 0.0, hidden)
         bias = bias.to(dtype)[:, None, None, :]                                       # (B, 1, 1, Sk)
-        k[-1, :, lengths[-1]:] = float("nan")       # masked keys never reach the output
+        k[-1, :, lengths[-1]:] = float("nan")       # masked keys never reach the output: not even
+        v[-1, :, lengths[-1]:] = float("nan")       # loaded (a zero weight times a NaN value is NaN)
     elif mask == "window":          # leading keys and a gap masked: whole masked blocks inside the live range
         seen = (torch.arange(sk) >= sk // 3) & ((torch.arange(sk) < sk // 2) | (torch.arange(sk) >= sk - 40))
         bias = torch.where(seen, 0.0, float("-inf")).to(dtype)[None, None, None, :]  # (1, 1, 1, Sk)
@@ -180,8 +185,7 @@ def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
     out, lse = decode_attention(q, k, v, bias, splits=splits)
     want, want_lse = _reference(q, k, v, bias, 1.0 / math.sqrt(d))
     if mask == "additive":
-        assert bool(torch.isnan(out[0, 0, 0]).all()) and lse[0, 0, 0] == float("-inf"), "fully masked row"
-        out, want, lse, want_lse = out[:, :, 1:], want[:, :, 1:], lse[:, :, 1:], want_lse[:, :, 1:]
+        assert bool((out[0, 0, 0] == 0).all()) and lse[0, 0, 0] == float("-inf"), "fully masked row"
     tol = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -9
     torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 4)
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-4, atol=1e-4)
@@ -193,6 +197,8 @@ def interpreter_checks():
         ("no-mask,fp16,one-row", (1, 2, 2, 1, 320, 128, torch.float16, None, 2)),
         ("additive,bf16,rows-16", (2, 2, 1, 16, 130, 32, torch.bfloat16, "additive", None)),
         ("prefix-mask,one-split", (3, 1, 1, 3, 96, 16, torch.float16, "prefix", 1)),
+        ("cudnn-floor-mask,bf16", (3, 2, 2, 4, 700, 64, torch.bfloat16, "prefix-floor", 3)),
+        ("cudnn-floor-mask,fp16,one-split", (2, 1, 1, 4, 300, 32, torch.float16, "prefix-floor", 1)),
         ("window-mask,gaps", (2, 2, 1, 2, 400, 32, torch.bfloat16, "window", 2)),
         ("additive,one-split", (1, 2, 2, 5, 300, 64, torch.float16, "additive", 1)),
     ]

@@ -24,8 +24,13 @@ Layout plan (``decode_split_kernel``, one program per (batch x head, split), num
                 Each step loads K and V [BLOCK_N, D] and the bias block, S = Q K^T on the tensor cores (FP32),
                 logits in base 2 (``sm_scale * log2(e)``, the bias times log2(e)), an online softmax
                 (running max m, sum l, FP32 accumulator [16, D]), P cast to the input dtype for P V.
-                A key whose bias is -inf gets logit -inf whatever Q K^T is (a NaN or Inf key it masks
-                does not reach the output); NaN in an unmasked key, query or bias propagates.
+                A key whose bias is at most MASK_FLOOR = -65504 is masked: its logit is -inf whatever
+                Q K^T is (a NaN or Inf key it masks does not reach the output), and the backward scan
+                skips it. -65504, not only -inf, because PyTorch's cuDNN path turns a boolean mask into
+                that finite bias (attention.cpp, convert_boolean_attn_mask_cudnn), which is what a
+                compiled model hands the cuDNN op. Next to any key above the floor such a key has FP32
+                weight 0 anyway. Only a row with no key above it differs from ATen: it gets 0, and ATen
+                would attend over the floor keys. NaN in an unmasked key, query or bias propagates.
     partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized;
                 with one split (DIRECT) the program divides and writes the output and log-sum-exp itself.
     shared      Triton's pipeline buffers for K and V (num_stages x 2 x BLOCK_N x D x 2 bytes);
@@ -33,14 +38,15 @@ Layout plan (``decode_split_kernel``, one program per (batch x head, split), num
 
 ``decode_combine_kernel`` (one program per batch x head, two splits or more) rescales the splits' partials to their common
 max, sums them, divides, and writes the output (any strides, the query's dtype) and the natural-log
-log-sum-exp (B x H x Sq FP32). A fully masked row has max -inf: its output is NaN, as PyTorch's math
-SDPA gives it, and its log-sum-exp -inf.
+log-sum-exp (B x H x Sq FP32). A fully masked row has max -inf: its output is 0, as PyTorch's SDPA
+gives it, and its log-sum-exp -inf.
 """
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 NEG_INF = tl.constexpr(float("-inf"))
+MASK_FLOOR = tl.constexpr(-65504.0)     # a bias at or below this masks its key (header)
 
 
 @triton.jit
@@ -76,7 +82,7 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
             cols = lo + tl.arange(0, SCAN)
             bias = tl.load(bias_base + rows[:, None] * sb_m + cols[None, :] * sb_n,
                            mask=row_live[:, None] & (cols < hi)[None, :], other=NEG_INF)
-            last = tl.max(tl.where(tl.max(bias, axis=0) > NEG_INF, cols + 1, 0), axis=0)
+            last = tl.max(tl.where(tl.max(bias, axis=0) > MASK_FLOOR, cols + 1, 0), axis=0)
             hi = tl.where(last > 0, last, lo)
             searching = (last == 0) & (lo > start)
         end = hi
@@ -98,7 +104,7 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k)) * scale_log2 + bias * LOG2E
-        s = tl.where(bias == NEG_INF, NEG_INF, s)
+        s = tl.where(bias <= MASK_FLOOR, NEG_INF, s)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # rows with every logit -inf so far keep m = -inf: shift by 0 there, not by -inf
         shift = tl.where(m_new == NEG_INF, 0.0, m_new)
@@ -112,7 +118,7 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
         m_i = m_new
 
     if DIRECT:     # one split: this program's sums are the row's, no combine launch
-        out = acc / l_i[:, None]           # 0 / 0 = NaN for a fully masked row, as math SDPA gives
+        out = tl.where(m_i[:, None] == NEG_INF, 0.0, acc / l_i[:, None])     # a fully masked row: 0
         tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
         lse = tl.where(m_i == NEG_INF, NEG_INF, (m_i + tl.math.log2(l_i)) / LOG2E)
@@ -137,7 +143,7 @@ def decode_combine_kernel(o_part_ptr, m_part_ptr, l_part_ptr, out_ptr, lse_ptr, 
     m = tl.load(m_part_ptr + at, mask=part_live[:, None], other=NEG_INF)
     l = tl.load(l_part_ptr + at, mask=part_live[:, None], other=0.0)
     m_max = tl.max(m, axis=0)                                                  # [BLOCK_M]
-    weight = tl.math.exp2(m - m_max[None, :])      # NaN where the row is fully masked (-inf - -inf)
+    weight = tl.math.exp2(m - m_max[None, :])      # NaN where the row is fully masked (-inf - -inf): out 0 below
     total = tl.sum(l * weight, axis=0)
     dims = tl.arange(0, D)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -145,7 +151,7 @@ def decode_combine_kernel(o_part_ptr, m_part_ptr, l_part_ptr, out_ptr, lse_ptr, 
         o = tl.load(o_part_ptr + ((bh * splits + s) * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :])
         w = tl.math.exp2(tl.load(m_part_ptr + (bh * splits + s) * BLOCK_M + rows) - m_max)
         acc += o * w[:, None]
-    out = acc / total[:, None]
+    out = tl.where(m_max[:, None] == NEG_INF, 0.0, acc / total[:, None])
     row_live = rows < Sq
     tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
