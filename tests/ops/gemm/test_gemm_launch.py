@@ -149,7 +149,7 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(launch, "_capturing", lambda: False)
     monkeypatch.setattr(launch._triton_launch, "current_stream", lambda index: 0)
     monkeypatch.setattr(launch._device, "sm_count", lambda t: SMS)
-    monkeypatch.setattr(launch, "_splitk_buffers", buffers)
+    monkeypatch.setattr(launch, "splitk_buffers", buffers)
     monkeypatch.setattr(launch, "_placeholders", placeholders)
     monkeypatch.setattr(launch, "_plans", {})
     return kernels

@@ -2,10 +2,10 @@
 
 ``decode_attention(q, k, v, bias=None, scale=None)`` computes SDPA's forward for q (B, H, Sq, D) with
 Sq <= 16 against k, v (B, Hkv, Sk, D), H a multiple of Hkv (query head h reads KV head h // (H / Hkv)),
-and an optional additive float bias broadcastable to (B, H, Sq, Sk) (-inf masks a key). Returns
-(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) FP32). The attention family routes SDPA's masked
-decode calls here under ``config.attention_decode`` (eager.py); kernels_decode's header says what
-is checked.
+and an optional additive float bias broadcastable to (B, H, Sq, Sk) (a value of -65504 or below,
+-inf included, masks a key). Returns (out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) FP32). The
+attention family routes SDPA's masked decode calls here under ``config.attention_decode`` (eager.py);
+kernels_decode's header says what is checked.
 
 Split plan: enough (batch x head, split) programs for ``programs_per_sm`` a SM, each at least
 ``block_n`` keys, at most ``MAX_SPLITS`` splits. ``DecodeConfig`` holds the tile and launch knobs;
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tilefly import _device, _triton_launch
+from tilefly.ops.gemm.launch import splitk_buffers
 
 BLOCK_M = 16              # query rows a program (the dot's smallest M)
 MAX_SPLITS = 64
@@ -107,12 +108,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), **f32)
     direct = splits == 1
-    if direct:                  # the split kernel writes out and lse itself: no partials, no combine
+    if direct:                  # the kernel writes out and lse itself: no partials, no tickets
         o_part = m_part = l_part = lse
-    else:
-        o_part = torch.empty(programs * splits * BLOCK_M * d, **f32)
-        m_part = torch.empty(programs * splits * BLOCK_M, **f32)
-        l_part = torch.empty(programs * splits * BLOCK_M, **f32)
+        tickets = lse.view(torch.int32)
+    else:                       # the last split of each (batch, head) combines: gemm's split-K workspace
+        n_o, n_ml = programs * splits * BLOCK_M * d, programs * splits * BLOCK_M
+        if q.is_cuda:
+            partials, tickets = splitk_buffers(q.device, n_o + 2 * n_ml, programs,
+                                               torch.cuda.is_current_stream_capturing())
+        else:                   # the interpreter: fresh buffers
+            partials, tickets = torch.empty(n_o + 2 * n_ml, **f32), torch.zeros(programs, dtype=torch.int32)
+        o_part, m_part, l_part = partials[:n_o], partials[n_o:n_o + n_ml], partials[n_o + n_ml:n_o + 2 * n_ml]
     if bias is None:
         bias_arg, bias_strides = q, (0, 0, 0, 0)
     else:
@@ -121,15 +127,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     ints = (scale / math.log(2), sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *bias_strides, *out.stride()[:3])
     _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits),
-                                 (q, k, v, bias_arg, o_part, m_part, l_part, out, lse), ints,
+                                 (q, k, v, bias_arg, o_part, m_part, l_part, tickets, out, lse), ints,
                                  dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, SCAN=SCAN, HAS_BIAS=bias is not None,
                                       DIRECT=direct, UPCAST=not q.is_cuda),
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if not direct:
-        _triton_launch.launch_direct(_launches, _combine_kernel, (programs, 1), (o_part, m_part, l_part, out, lse),
-                                     (sq, h, splits, *out.stride()[:3]),
-                                     dict(D=d, BLOCK_M=BLOCK_M, SPLITS=max(2, 1 << (splits - 1).bit_length())),
-                                     num_warps=4)
     return out, lse
 
 
@@ -138,11 +139,6 @@ def _split_kernel():
 
     return decode_split_kernel
 
-
-def _combine_kernel():
-    from tilefly.ops.attention.kernels_decode import decode_combine_kernel
-
-    return decode_combine_kernel
 
 
 # ---- checks: Triton's interpreter on CPU tensors, and sm_90a compiles (configs collects both) ----------
@@ -208,20 +204,20 @@ def interpreter_checks():
 
 
 def compile_specs():
-    """Both kernels for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias, the
-    split kernel also writing the output itself (one split)."""
+    """The kernel for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias, several
+    splits (the last one combines) or one (DIRECT)."""
     from tilefly.compile_check import KernelSpec
 
     # the pointers and the K/V/query strides and split length are multiples of 16 on a real cache, and
     # Triton specializes on it: only then do the K and V loads become pipelined 16-byte async copies
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(9), *range(14, 24))}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(10), *range(15, 25))}
     specs = []
     for dtype in ("bf16", "fp16"):
         for d in (64, 128):
             for has_bias, direct in ((False, False), (True, False), (True, True)):
                 sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
-                       "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "out_ptr": f"*{dtype}",
-                       "lse_ptr": "*fp32", "scale_log2": "fp32",
+                       "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "ticket_ptr": "*i32",
+                       "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "scale_log2": "fp32",
                        **{n: "i32" for n in ("Sq", "Sk", "H", "GROUP", "keys_per_split", "sq_b", "sq_h", "sq_m",
                                              "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sb_b", "sb_h", "sb_m",
                                              "sb_n", "so_b", "so_h", "so_m")},
@@ -231,11 +227,5 @@ def compile_specs():
                                         dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=DEFAULT.block_n, SCAN=SCAN,
                                              HAS_BIAS=has_bias, DIRECT=direct, UPCAST=False),
                                         attrs=aligned, num_warps=DEFAULT.num_warps, num_stages=DEFAULT.num_stages,
-                                        sass_must_contain=("HMMA", "LDGSTS")))
-            sig = {"o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "out_ptr": f"*{dtype}",
-                   "lse_ptr": "*fp32", "Sq": "i32", "H": "i32", "splits": "i32", "so_b": "i32", "so_h": "i32",
-                   "so_m": "i32", "D": "constexpr", "BLOCK_M": "constexpr", "SPLITS": "constexpr"}
-            specs.append(KernelSpec(f"attention.decode_combine[{dtype},d={d}]", _combine_kernel, sig,
-                                    dict(D=d, BLOCK_M=BLOCK_M, SPLITS=MAX_SPLITS),
-                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(5)}, num_warps=4))
+                                        sass_must_contain=("HMMA", "LDGSTS") + (() if direct else ("ATOMG.E.ADD",))))
     return specs

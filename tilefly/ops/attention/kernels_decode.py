@@ -31,15 +31,16 @@ Layout plan (``decode_split_kernel``, one program per (batch x head, split), num
                 compiled model hands the cuDNN op. Next to any key above the floor such a key has FP32
                 weight 0 anyway. Only a row with no key above it differs from ATen: it gets 0, and ATen
                 would attend over the floor keys. NaN in an unmasked key, query or bias propagates.
-    partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized;
-                with one split (DIRECT) the program divides and writes the output and log-sum-exp itself.
+    partials    FP32 [BH, splits, 16, D] accumulator and [BH, splits, 16] max and sum, unnormalized,
+                in the dense GEMM's split-K workspace (gemm.launch.splitk_buffers). A program stores
+                its partials, passes a CTA barrier, and takes an acq_rel ticket for its (batch, head);
+                the one that draws the last ticket reads every split's partials (.cg, past L1),
+                rescales them to a running max in one pass, writes the output and zeroes the ticket
+                for the next launch. With one split (DIRECT) the program writes the output directly.
+    output      any strides, the query's dtype; the natural-log log-sum-exp B x H x Sq FP32. A fully
+                masked row (max -inf) gets 0, as PyTorch's SDPA gives it, and log-sum-exp -inf.
     shared      Triton's pipeline buffers for K and V (num_stages x 2 x BLOCK_N x D x 2 bytes);
                 registers: the accumulator (16 x D / (32 x num_warps) FP32 a thread).
-
-``decode_combine_kernel`` (one program per batch x head, two splits or more) rescales the splits' partials to their common
-max, sums them, divides, and writes the output (any strides, the query's dtype) and the natural-log
-log-sum-exp (B x H x Sq FP32). A fully masked row has max -inf: its output is 0, as PyTorch's SDPA
-gives it, and its log-sum-exp -inf.
 """
 import triton
 import triton.language as tl
@@ -50,7 +51,7 @@ MASK_FLOOR = tl.constexpr(-65504.0)     # a bias at or below this masks its key 
 
 
 @triton.jit
-def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l_part_ptr, out_ptr, lse_ptr,
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l_part_ptr, ticket_ptr, out_ptr, lse_ptr,
                         scale_log2, Sq, Sk, H, GROUP, keys_per_split,
                         sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sb_b, sb_h, sb_m, sb_n, so_b, so_h, so_m,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr,
@@ -117,43 +118,40 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
-    if DIRECT:     # one split: this program's sums are the row's, no combine launch
-        out = tl.where(m_i[:, None] == NEG_INF, 0.0, acc / l_i[:, None])     # a fully masked row: 0
-        tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
-        lse = tl.where(m_i == NEG_INF, NEG_INF, (m_i + tl.math.log2(l_i)) / LOG2E)
-        tl.store(lse_ptr + bh * Sq + rows, lse, mask=row_live)
+    if DIRECT:     # one split: this program's sums are the row's
+        _store_rows(out_ptr, lse_ptr, acc, m_i, l_i, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m)
     else:
         part = bh * splits + split
         tl.store(o_part_ptr + (part * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :], acc)
         tl.store(m_part_ptr + part * BLOCK_M + rows, m_i)
         tl.store(l_part_ptr + part * BLOCK_M + rows, l_i)
+        tl.debug_barrier()      # every thread's partials are issued before the ticket releases them
+        ticket = tl.atomic_add(ticket_ptr + bh, 1, sem="acq_rel", scope="gpu")
+        if ticket == splits - 1:                 # the last split to finish combines them all
+            m_run = tl.full([BLOCK_M], NEG_INF, tl.float32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            for s in range(0, splits):
+                at = (bh * splits + s) * BLOCK_M + rows
+                m_s = tl.load(m_part_ptr + at, cache_modifier=".cg")
+                l_s = tl.load(l_part_ptr + at, cache_modifier=".cg")
+                o_s = tl.load(o_part_ptr + at[:, None].to(tl.int64) * D + dims[None, :], cache_modifier=".cg")
+                m_new = tl.maximum(m_run, m_s)
+                shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+                keep, take = tl.math.exp2(m_run - shift), tl.math.exp2(m_s - shift)
+                acc = acc * keep[:, None] + o_s * take[:, None]
+                total = total * keep + l_s * take
+                m_run = m_new
+            _store_rows(out_ptr, lse_ptr, acc, m_run, total, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m)
+            tl.atomic_xchg(ticket_ptr + bh, 0, sem="relaxed", scope="gpu")    # zero for the next launch
 
 
 @triton.jit
-def decode_combine_kernel(o_part_ptr, m_part_ptr, l_part_ptr, out_ptr, lse_ptr, Sq, H, splits,
-                          so_b, so_h, so_m, D: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
-    rows = tl.arange(0, BLOCK_M)
-    parts = tl.arange(0, SPLITS)
-    part_live = parts < splits
-    at = (bh * splits + parts)[:, None] * BLOCK_M + rows[None, :]             # [SPLITS, BLOCK_M]
-    m = tl.load(m_part_ptr + at, mask=part_live[:, None], other=NEG_INF)
-    l = tl.load(l_part_ptr + at, mask=part_live[:, None], other=0.0)
-    m_max = tl.max(m, axis=0)                                                  # [BLOCK_M]
-    weight = tl.math.exp2(m - m_max[None, :])      # NaN where the row is fully masked (-inf - -inf): out 0 below
-    total = tl.sum(l * weight, axis=0)
-    dims = tl.arange(0, D)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for s in range(0, splits):
-        o = tl.load(o_part_ptr + ((bh * splits + s) * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :])
-        w = tl.math.exp2(tl.load(m_part_ptr + (bh * splits + s) * BLOCK_M + rows) - m_max)
-        acc += o * w[:, None]
-    out = tl.where(m_max[:, None] == NEG_INF, 0.0, acc / total[:, None])
-    row_live = rows < Sq
+def _store_rows(out_ptr, lse_ptr, acc, m, l, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m):
+    """out = acc / l in the output's dtype and strides, lse = ln(sum exp) from the base-2 max m and
+    sum l; a fully masked row (m = -inf) gets 0 and -inf."""
+    out = tl.where(m[:, None] == NEG_INF, 0.0, acc / l[:, None])
     tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
-    lse = tl.where(m_max == NEG_INF, NEG_INF, (m_max + tl.math.log2(total)) / LOG2E)
+    lse = tl.where(m == NEG_INF, NEG_INF, (m + tl.math.log2(l)) / LOG2E)
     tl.store(lse_ptr + bh * Sq + rows, lse, mask=row_live)

@@ -220,7 +220,7 @@ class Launch:
         if self.workspace is None:
             buffers = _placeholders(self.device)
         else:
-            buffers = _splitk_buffers(self.device, *self.workspace, capturing)
+            buffers = splitk_buffers(self.device, *self.workspace, capturing)
         args = list(self.args)
         args[self.workspace_at:self.workspace_at + 2] = buffers
         return args
@@ -246,7 +246,7 @@ class _Plan(CachedLaunch):
         if self.workspace is None:
             return super().__call__()
         stream = _triton_launch.current_stream(self.index)
-        partials, tickets = _splitk_buffers(self.device, *self.workspace, False, stream)
+        partials, tickets = splitk_buffers(self.device, *self.workspace, False, stream)
         return super().__call__(stream, ((self.workspace_at, partials.data_ptr()),
                                          (self.workspace_at + 1, tickets.data_ptr())))
 
@@ -287,7 +287,7 @@ def _kept_pair(device: torch.device, partials: int, tiles: int) -> tuple[torch.T
                                  torch.zeros(tiles, dtype=torch.int32, device=device)), device)
 
 
-def _splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: bool,
+def splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: bool,
                     stream: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FP32 partials and per-tile tickets. Tickets are zero between launches (the last
     program of a tile resets its own), so one pair per (device, stream), grown as needed,
