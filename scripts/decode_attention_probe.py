@@ -13,7 +13,7 @@ The query heads of a KV group are query rows (Llama-3.1-8B: 8 KV heads, 4 query 
 the K and V bytes of the valid positions only (what a kernel that skips the masked tail must read).
 ``--sweep`` races every DecodeConfig of the grid below (configs that do not fit are skipped).
 
-    python scripts/decode_attention_probe.py [--batch 8 16 32] [--valid 256 512 767] [--cache 768] [--sweep]
+    python scripts/decode_attention_probe.py [--batch 8 ... 256] [--valid 256 512 767] [--cache 768] [--sweep]
                                              [--json FILE]
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-SWEEP = dict(block_n=(32, 64, 128), num_warps=(4,), num_stages=(2, 3), programs_per_sm=(1, 2, 4, 8))
+SWEEP = dict(block_n=(32, 64, 128), num_warps=(4,), num_stages=(2, 3), programs_per_sm=(1, 2, 4, 8, 16))
 
 
 def graph_us(call, sets: list, reps: int, replays: int) -> float:
@@ -54,7 +54,7 @@ def graph_us(call, sets: list, reps: int, replays: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     ap.add_argument("--valid", type=int, nargs="+", default=[256, 512, 767])
     ap.add_argument("--cache", type=int, default=768)
     ap.add_argument("--kv-heads", type=int, default=8)
