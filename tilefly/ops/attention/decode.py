@@ -164,9 +164,9 @@ def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
     k = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
     v = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
     bias = None
-    if mask in ("prefix", "prefix-floor"):   # a static cache: request i sees its first lengths[i] keys
-        lengths = torch.randint(1, sk + 1, (b,), generator=gen)
-        lengths[0] = sk
+    if mask in ("prefix", "prefix-floor", "prefix-short"):   # a static cache: request i sees its first lengths[i] keys
+        lengths = torch.randint(1, sk + 1 if mask != "prefix-short" else 40, (b,), generator=gen)
+        lengths[0] = sk if mask != "prefix-short" else 1         # short: most splits hold no visible key
         hidden = float("-inf") if mask == "prefix" else MASK_FLOOR    # -65504: PyTorch's cuDNN conversion
         bias = torch.where(torch.arange(sk)[None, :] < lengths[:, None], 0.0, hidden)
         bias = bias.to(dtype)[:, None, None, :]                                       # (B, 1, 1, Sk)
@@ -196,6 +196,7 @@ def interpreter_checks():
         ("cudnn-floor-mask,bf16", (3, 2, 2, 4, 700, 64, torch.bfloat16, "prefix-floor", 3)),
         ("cudnn-floor-mask,fp16,one-split", (2, 1, 1, 4, 300, 32, torch.float16, "prefix-floor", 1)),
         ("window-mask,gaps", (2, 2, 1, 2, 400, 32, torch.bfloat16, "window", 2)),
+        ("prefix-mask,empty-splits", (3, 2, 2, 4, 700, 64, torch.bfloat16, "prefix-short", 8)),
         ("additive,one-split", (1, 2, 2, 5, 300, 64, torch.float16, "additive", 1)),
     ]
     import functools
