@@ -73,6 +73,7 @@ def main() -> None:
         configs += [decode.DecodeConfig(*c) for c in itertools.product(*SWEEP.values())]
         configs = list(dict.fromkeys(configs))
     dt = torch.bfloat16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'batch':>5} {'valid':>5} {'SDPA us':>8} {'default us':>10} {'best us':>8} {'SDPA/best':>9} "
           f"{'SDPA GB/s':>9} {'best GB/s':>9} {'max err':>8}  best config")
     wins: dict = {}
@@ -104,8 +105,9 @@ def main() -> None:
                     print(f"      skipped {cfg}: {type(e).__name__}", flush=True)
                     continue
                 timed[cfg] = (us, err)
+                splits, _ = decode.plan_splits(b * args.kv_heads, args.cache, sms, cfg)
                 rows.append(dict(batch=b, valid=valid, cache=args.cache, sdpa_us=sdpa_us, us=us, max_err=err,
-                                 **dataclasses.asdict(cfg)))
+                                 splits=splits, **dataclasses.asdict(cfg)))
             best = min(timed, key=lambda c: timed[c][0])
             wins.setdefault(best, []).append((b, valid))
             gb = 2 * b * args.kv_heads * valid * args.head_dim * 2 / 1e9
