@@ -35,6 +35,20 @@ def test_kernel_table_sums_per_name_and_divides_by_steps():
     assert sum(f["us_per_step"] for f in table["families"]) == pytest.approx(table["busy_us_per_step"])
 
 
+def test_launch_table_splits_a_kernel_by_grid():
+    events = [{"ph": "X", "cat": "kernel", "name": "mx_gemm_v2_kernel", "dur": 12.0, "args": {"grid": [64, 4, 1]}},
+              {"ph": "X", "cat": "kernel", "name": "mx_gemm_v2_kernel", "dur": 14.0, "args": {"grid": [64, 4, 1]}},
+              {"ph": "X", "cat": "kernel", "name": "mx_gemm_v2_kernel", "dur": 9.0, "args": {"grid": [16, 8, 1]}},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 100.0},
+              {"ph": "X", "cat": "kernel", "name": "decode_split_kernel", "dur": 3.0, "args": {"grid": [256, 3, 1]}}]
+    rows = profile.launch_table(events, steps=2, top=2)
+    assert rows == [
+        {"name": "mx_gemm_v2_kernel", "grid": [64, 4, 1], "us_per_step": 13.0, "calls_per_step": 1.0,
+         "us_per_call": 13.0},
+        {"name": "mx_gemm_v2_kernel", "grid": [16, 8, 1], "us_per_step": 4.5, "calls_per_step": 0.5,
+         "us_per_call": 9.0}]
+
+
 def test_kernel_table_refuses_no_steps():
     with pytest.raises(ValueError, match="steps"):
         profile.kernel_table([], steps=0)

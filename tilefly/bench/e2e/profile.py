@@ -5,10 +5,16 @@
 recorded one by one). Kernel times are summed per name and divided by the step count; families
 group the names (tilefly's GEMM kernels, other GEMMs, Inductor's Triton kernels, attention).
 The step's wall time minus its GPU-busy time is what launch gaps and the host cost.
+``launches`` splits the busiest names by grid (from the profiler's trace): one kernel serving
+projections of different shapes (the q, k, v, o, gate, up and down GEMMs) shows each shape's time.
+The steps profiled are the first decode steps after a prefill (the shortest KV cache of the run).
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
 import time
 from collections import defaultdict
 from typing import Any, Iterable
@@ -60,6 +66,33 @@ def kernel_table(kernels: Iterable[tuple[str, float, int]], steps: int, top: int
                     for name, (us, calls) in ranked[:top]]}
 
 
+def launch_table(trace_events: Iterable[dict], steps: int, top: int = 25) -> list[dict[str, Any]]:
+    """Per-step time of each (kernel name, grid) among a Chrome trace's kernel events, busiest first."""
+    by_launch: dict[tuple[str, tuple], list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in trace_events:
+        if event.get("cat") != "kernel" or "dur" not in event:
+            continue
+        grid = tuple((event.get("args") or {}).get("grid") or ())
+        total = by_launch[(event["name"], grid)]
+        total[0] += float(event["dur"])
+        total[1] += 1
+    ranked = sorted(by_launch.items(), key=lambda item: -item[1][0])
+    return [{"name": name[:120], "grid": list(grid), "us_per_step": us / steps, "calls_per_step": calls / steps,
+             "us_per_call": us / calls} for (name, grid), (us, calls) in ranked[:top]]
+
+
+def _trace_events(prof) -> list[dict]:
+    """The profiler's Chrome trace events (kineto's kernel records carry the grid)."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+
+
 def profile_decode(eng, prompts: torch.Tensor, steps: int = 16, top: int = 25) -> dict[str, Any]:
     """``kernel_table`` of ``steps`` decode steps of ``eng`` (an ``engine.Engine`` that has already
     compiled and run), with the steps' wall time per step beside it. On a CPU model the table
@@ -81,6 +114,8 @@ def profile_decode(eng, prompts: torch.Tensor, steps: int = 16, top: int = 25) -
                if e.device_type == torch.autograd.DeviceType.CUDA]
     table = kernel_table(kernels, steps, top)
     table["wall_us_per_step"] = wall / steps * 1e6  # profiled: a little above the timed TPOT
+    if eng.device.type == "cuda":
+        table["launches"] = launch_table(_trace_events(prof), steps, top)
     return table
 
 
