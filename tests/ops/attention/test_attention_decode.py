@@ -52,7 +52,8 @@ def test_supported_inputs_have_no_reason():
 def test_split_plan(programs, keys, splits, per_split):
     assert decode.plan_splits(programs, keys, 132) == (splits, per_split)
     got_splits, got_per_split = decode.plan_splits(programs, keys, 132)
-    assert got_per_split % decode.DEFAULT.block_n == 0 and (got_splits - 1) * got_per_split < keys <= got_splits * got_per_split
+    assert got_per_split % decode.DEFAULT.block_n == 0
+    assert (got_splits - 1) * got_per_split < keys <= got_splits * got_per_split
 
 
 # ---- GPU ----------------------------------------------------------------------------------------

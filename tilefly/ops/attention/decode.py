@@ -140,7 +140,6 @@ def _split_kernel():
     return decode_split_kernel
 
 
-
 # ---- checks: Triton's interpreter on CPU tensors, and sm_90a compiles (configs collects both) ----------
 
 def _reference(q, k, v, bias, scale):

@@ -288,7 +288,7 @@ def _kept_pair(device: torch.device, partials: int, tiles: int) -> tuple[torch.T
 
 
 def splitk_buffers(device: torch.device, partials: int, tiles: int, capturing: bool,
-                    stream: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   stream: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FP32 partials and per-tile tickets. Tickets are zero between launches (the last
     program of a tile resets its own), so one pair per (device, stream), grown as needed,
     serves every launch on that stream in turn. Under CUDA graph capture fresh partials from the
