@@ -11,7 +11,8 @@ over ``--replays`` is divided by ``--reps``.
 The query heads of a KV group are query rows (Llama-3.1-8B: 8 KV heads, 4 query rows each, head dim
 128); the cache holds ``--cache`` positions of which the first ``valid`` are unmasked. GB/s counts
 the K and V bytes of the valid positions only (what a kernel that skips the masked tail must read).
-``--sweep`` races every DecodeConfig of the grid below (configs that do not fit are skipped).
+``--sweep`` races every DecodeConfig of the grid below (configs that do not fit are skipped);
+``--config B,W,S,P`` (repeatable) races named ones: block_n, num_warps, num_stages, programs/SM.
 
     python scripts/decode_attention_probe.py [--batch 8 ... 256] [--valid 256 512 767] [--cache 768] [--sweep]
                                              [--json FILE]
@@ -28,7 +29,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-SWEEP = dict(block_n=(32, 64, 128), num_warps=(4,), num_stages=(2, 3), programs_per_sm=(1, 2, 4, 8, 16))
+SWEEP = dict(block_n=(32, 64, 128), num_warps=(2, 4, 8), num_stages=(2, 3), programs_per_sm=(1, 2, 4, 8, 16))
+SPILLS = {(128, 2)}     # (block_n, num_warps) pairs that spill registers (sm_90a compile): not swept
 
 
 def graph_us(call, sets: list, reps: int, replays: int) -> float:
@@ -63,15 +65,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--replays", type=int, default=15)
     ap.add_argument("--sweep", action="store_true", help="race the DecodeConfig grid, not the default only")
+    ap.add_argument("--config", action="append", default=[], metavar="B,W,S,P",
+                    help="a DecodeConfig to race beside the default: block_n,num_warps,num_stages,programs_per_sm")
     ap.add_argument("--json", help="write every (shape, config) time here")
     args = ap.parse_args()
 
     from tilefly.ops.attention import decode
 
-    configs = [decode.DEFAULT]
+    configs = [decode.DEFAULT] + [decode.DecodeConfig(*map(int, c.split(","))) for c in args.config]
     if args.sweep:
-        configs += [decode.DecodeConfig(*c) for c in itertools.product(*SWEEP.values())]
-        configs = list(dict.fromkeys(configs))
+        configs += [decode.DecodeConfig(*c) for c in itertools.product(*SWEEP.values()) if c[:2] not in SPILLS]
+    configs = list(dict.fromkeys(configs))
     dt = torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'batch':>5} {'valid':>5} {'SDPA us':>8} {'default us':>10} {'best us':>8} {'SDPA/best':>9} "
@@ -118,7 +122,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
-    if args.sweep:
+    if len(configs) > 1:
         print("configs that won a shape:")
         for cfg, shapes in wins.items():
             print(f"  {cfg}: {shapes}")
