@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="race the DecodeConfig grid, not the default only")
     ap.add_argument("--config", action="append", default=[], metavar="B,W,S,P",
                     help="a DecodeConfig to race beside the default: block_n,num_warps,num_stages,programs_per_sm")
-    ap.add_argument("--json", help="write every (shape, config) time here")
+    ap.add_argument("--json", help="write every (shape, config) time here (python -m "
+                                    "tilefly.ops.attention.decode_tuning builds the tuning database from it)")
     args = ap.parse_args()
 
     from tilefly.ops.attention import decode
@@ -110,8 +111,8 @@ def main() -> None:
                     continue
                 timed[cfg] = (us, err)
                 splits, _ = decode.plan_splits(b * args.kv_heads, args.cache, sms, cfg)
-                rows.append(dict(batch=b, valid=valid, cache=args.cache, sdpa_us=sdpa_us, us=us, max_err=err,
-                                 splits=splits, **dataclasses.asdict(cfg)))
+                rows.append(dict(batch=b, programs=b * args.kv_heads, valid=valid, cache=args.cache,
+                                 sdpa_us=sdpa_us, us=us, max_err=err, splits=splits, **dataclasses.asdict(cfg)))
             best = min(timed, key=lambda c: timed[c][0])
             wins.setdefault(best, []).append((b, valid))
             gb = 2 * b * args.kv_heads * valid * args.head_dim * 2 / 1e9
@@ -121,7 +122,8 @@ def main() -> None:
                   f"{max(e for _, e in timed.values()):>8.1e}  {best}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()),
+                           torch=torch.__version__, rows=rows), f, indent=1)
     if len(configs) > 1:
         print("configs that won a shape:")
         for cfg, shapes in wins.items():

@@ -9,7 +9,8 @@ kernels_decode's header says what is checked.
 
 Split plan: enough (batch x head, split) programs for ``programs_per_sm`` a SM, each at least
 ``block_n`` keys, at most ``MAX_SPLITS`` splits. ``DecodeConfig`` holds the tile and launch knobs;
-scripts/decode_attention_probe.py sweeps them.
+scripts/decode_attention_probe.py sweeps them, and decode_tuning picks one per shape from the GPU's
+tuning database (``DEFAULT`` without one).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from tilefly import _device, _triton_launch
+from tilefly.ops.attention import decode_tuning
 from tilefly.ops.gemm.launch import splitk_buffers
 
 BLOCK_M = 16              # query rows a program (the dot's smallest M)
@@ -87,9 +89,9 @@ def plan_splits(programs: int, keys: int, sm_count: int, cfg: DecodeConfig = DEF
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
                      scale: float | None = None, splits: int | None = None,
-                     cfg: DecodeConfig = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA forward for a few query rows a head (module docstring): (out, lse). ``splits`` forces
-    the key split count (tests, the probe); ValueError names what is not supported."""
+                     cfg: DecodeConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA forward for a few query rows a head (module docstring): (out, lse). ``splits`` and ``cfg``
+    force the key split count and the config (tests, the probe); ValueError names what is not supported."""
     reason = unsupported(q, k, v, bias)
     if reason:
         raise ValueError(f"decode_attention: {reason}")
@@ -99,6 +101,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
         scale = 1.0 / math.sqrt(d)
     programs = b * h
     sms = _device.sm_count(q) if q.is_cuda else 8
+    if cfg is None:
+        cfg = decode_tuning.config_for(q.device.index, programs, sk) if q.is_cuda else DEFAULT
     if splits is None:
         splits, per_split = plan_splits(programs, sk, sms, cfg)
     else:

@@ -1,0 +1,139 @@
+"""Which DecodeConfig the split-KV decode (decode.py) runs for a shape: a tuning database built from
+the probe's sweep, nearest measured shape wins.
+
+The probe (``scripts/decode_attention_probe.py --sweep --json FILE``) times every config on
+(batch, valid keys) shapes over a cache of ``cache`` positions. The kernel sees only the cache
+length and the (batch x head) program count, not how many keys are valid, so one entry stands for
+each (programs, cache) pair: the config with the smallest geometric mean over the pair's valid
+lengths, among those timed at all of them. A call takes the entry nearest its (programs, keys)
+in log2 distance; without a database for the GPU, ``decode.DEFAULT``.
+
+    python -m tilefly.ops.attention.decode_tuning PROBE.json [PROBE.json ...] [--out PATH]
+
+writes ``tilefly/tuning/data/attention_decode_<gpu>.json`` (or PATH).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import logging
+import math
+import sys
+from collections import defaultdict
+from typing import Any
+
+from tilefly.tuning import db as tdb
+
+FAMILY = "attention_decode"
+VERSION = 1
+KNOBS = ("block_n", "num_warps", "num_stages", "programs_per_sm")
+_log = logging.getLogger("tilefly.attention")
+
+
+def validate_entry(e: dict[str, Any]) -> str | None:
+    for name in ("programs", "keys", *KNOBS):
+        if not isinstance(e.get(name), int) or isinstance(e.get(name), bool) or e[name] < 1:
+            return f"{name} must be a positive integer, got {e.get(name)!r}"
+    if e["block_n"] < 16 or e["block_n"] & (e["block_n"] - 1):
+        return f"block_n must be a power of two >= 16, got {e['block_n']}"
+    if e["num_warps"] not in (1, 2, 4, 8):
+        return f"num_warps must be 1, 2, 4 or 8, got {e['num_warps']}"
+    for name in ("us", "sdpa_us"):
+        if not isinstance(e.get(name), (int, float)) or not e[name] > 0:
+            return f"{name} must be a positive time in microseconds, got {e.get(name)!r}"
+    return None
+
+
+def load(path) -> tdb.Database:
+    return tdb.load(path, VERSION, validate_entry)
+
+
+def entries_from_probe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (programs, cache) of the probe's rows: the config with the least geometric mean
+    time over the pair's valid lengths, among configs timed at every one of them."""
+    times: dict[tuple[int, int], dict[tuple, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    sdpa: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        shape = (r["programs"], r["cache"])
+        times[shape][tuple(r[k] for k in KNOBS)][r["valid"]] = r["us"]
+        sdpa[shape][r["valid"]] = r["sdpa_us"]
+    entries = []
+    for (programs, cache), by_config in sorted(times.items()):
+        valid = set(sdpa[(programs, cache)])
+        complete = {c: t for c, t in by_config.items() if set(t) == valid}
+        best = min(complete, key=lambda c: _geomean(complete[c].values()))
+        entries.append(dict(programs=programs, keys=cache, **dict(zip(KNOBS, best)),
+                            us=round(_geomean(complete[best].values()), 2),
+                            sdpa_us=round(_geomean(sdpa[(programs, cache)].values()), 2)))
+    return entries
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def nearest(entries, programs: int, keys: int) -> dict[str, Any]:
+    """The entry closest to (programs, keys) in log2 distance (ties: the first in file order)."""
+    return min(entries, key=lambda e: abs(math.log2(e["programs"] / programs)) + abs(math.log2(e["keys"] / keys)))
+
+
+def config_for(device_index: int, programs: int, keys: int):
+    """The DecodeConfig for a call on CUDA device ``device_index`` (cached per shape)."""
+    return _pick(_shipped(device_index), programs, keys)
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(device_index: int) -> str:
+    return str(tdb.shipped_path(FAMILY, tdb.device_gpu_key(device_index)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pick(path: str, programs: int, keys: int):
+    from tilefly.ops.attention.decode import DEFAULT, DecodeConfig
+
+    entries = _entries(path)
+    if not entries:
+        return DEFAULT
+    e = nearest(entries, programs, keys)
+    return DecodeConfig(*(e[k] for k in KNOBS))
+
+
+@functools.lru_cache(maxsize=16)
+def _entries(path: str) -> tuple[dict[str, Any], ...]:
+    """The database's entries; none when it is missing (quietly: the default serves) or bad (warned once)."""
+    try:
+        return load(path).entries
+    except tdb.DatabaseError as exc:
+        if "no such file" not in str(exc):
+            _log.warning("tilefly decode attention: %s; the default config serves", exc)
+        return ()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("probes", nargs="+", help="JSON files of scripts/decode_attention_probe.py --json")
+    ap.add_argument("--out", help="database path (default: the package's file for the probes' GPU)")
+    args = ap.parse_args(argv)
+    runs = [json.load(open(p)) for p in args.probes]
+    gpus = {(r["gpu"], tuple(r["capability"])) for r in runs}
+    if len(gpus) != 1:
+        ap.error(f"the probe files come from different GPUs: {sorted(gpus)}")
+    (gpu, capability), = gpus
+    entries = entries_from_probe([row for r in runs for row in r["rows"]])
+    header = {"version": VERSION, "gpu": gpu, "torch": runs[0].get("torch", ""),
+              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "tuner_args": {"probes": [p.rsplit("/", 1)[-1] for p in args.probes]}}
+    path = args.out or tdb.shipped_path(FAMILY, tdb.gpu_key(gpu, capability))
+    tdb.write(path, header, entries)
+    for e in entries:
+        print(f"programs {e['programs']:>5} keys {e['keys']:>6}: " + ", ".join(f"{k} {e[k]}" for k in KNOBS)
+              + f"  {e['us']:.1f} us (SDPA {e['sdpa_us']:.1f})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
