@@ -120,10 +120,11 @@ def main() -> None:
             print(f"{b:>5} {valid:>5} {sdpa_us:>8.1f} {timed[decode.DEFAULT][0]:>10.1f} {best_us:>8.1f} "
                   f"{sdpa_us / best_us:>9.2f} {gb / sdpa_us * 1e6:>9.0f} {gb / best_us * 1e6:>9.0f} "
                   f"{max(e for _, e in timed.values()):>8.1e}  {best}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()),
-                           torch=torch.__version__, rows=rows), f, indent=1)
+            if args.json:      # after every shape: a call stopped by its time limit keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(dict(gpu=torch.cuda.get_device_name(),
+                                   capability=list(torch.cuda.get_device_capability()),
+                                   torch=torch.__version__, rows=rows), f, indent=1)
     if len(configs) > 1:
         print("configs that won a shape:")
         for cfg, shapes in wins.items():
