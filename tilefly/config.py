@@ -30,6 +30,17 @@ def _bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (1/0, true/false, yes/no, on/off), got {text!r}")
 
 
+def _on_off_auto(text: str) -> str:
+    """"auto", or a boolean spelled any way _bool reads, as "on" / "off"."""
+    value = text.strip().lower()
+    if value == "auto":
+        return value
+    try:
+        return "on" if _bool(value) else "off"
+    except ValueError:
+        raise ValueError(f"expected auto or a boolean (1/0, true/false, yes/no, on/off), got {text!r}") from None
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -94,11 +105,13 @@ OPTIONS: tuple[Option, ...] = (
            "row's scales span at most 2^117; rows beyond BF16's range are rescaled). 'auto' takes it where M and N are both large enough "
            "for the product to outweigh the weight stream (ops/mx_gemm/upcast.py); 'always' and 'never' "
            "force the choice."),
-    Option("attention_decode", "TILEFLY_ATTENTION_DECODE", _bool, False,
-           "Serve SDPA's masked forward calls of at most 16 query rows a head (a decode step over a static KV "
-           "cache) with tilefly's split-KV decode kernel (ops/attention/decode.py), which skips key blocks the "
-           "mask hides; installs the forward overrides of the cuDNN and efficient ops. Experimental: not yet "
-           "measured on a GPU."),
+    Option("attention_decode", "TILEFLY_ATTENTION_DECODE", _on_off_auto, "auto",
+           "SDPA's masked forward calls of at most 16 query rows a head (a decode step over a static KV cache) "
+           "through tilefly's split-KV decode kernel (ops/attention/decode.py), which reads only the keys up to "
+           "the last unmasked one. 'auto': where the GPU's decode tuning database (ops/attention/decode_tuning.py) "
+           "has it at most 0.9x SDPA's time for the nearest measured shape, so with no database nothing changes; "
+           "'on': every eligible call; 'off': none. 'auto' with a database, and 'on', install the forward "
+           "overrides of the cuDNN and efficient ops."),
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
@@ -116,7 +129,7 @@ attention_db: str | None
 attention_routes: str
 mx_requantize: bool
 mx_upcast: str
-attention_decode: bool
+attention_decode: str
 mx_pdl: bool
 
 
@@ -147,6 +160,8 @@ def _coerce(opt: Option, value: Any) -> Any:
         return _ops(",".join(value))
     if isinstance(opt.default, bool) and isinstance(value, bool):
         return value
+    if opt.parse is _on_off_auto and isinstance(value, bool):
+        return "on" if value else "off"
     raise TypeError(f"tilefly.config.{opt.name}: expected a string or {type(opt.default).__name__}, got {value!r}")
 
 

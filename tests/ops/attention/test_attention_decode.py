@@ -95,7 +95,7 @@ def test_cuda_sdpa_masked_decode_is_served_under_the_option(monkeypatch):
     import tilefly
     from tilefly import _dispatch, config
 
-    monkeypatch.setattr(config, "attention_decode", True)
+    monkeypatch.setattr(config, "attention_decode", "on")
     q, k, v = _qkv(8, 8, 8, 4, 768, 128, BF16, "cuda")
     mask = (torch.arange(768, device="cuda") < 300).expand(8, 1, 1, 768)
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
@@ -118,7 +118,7 @@ def test_cuda_compiled_sdpa_masked_decode_is_served_under_the_option(monkeypatch
     import tilefly
     from tilefly import _dispatch, config
 
-    monkeypatch.setattr(config, "attention_decode", True)
+    monkeypatch.setattr(config, "attention_decode", "on")
     q, k, v = _qkv(8, 8, 8, 4, 768, 128, BF16, "cuda")
     lengths = torch.randint(1, 769, (8,), device="cuda")
     mask = (torch.arange(768, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]

@@ -83,3 +83,22 @@ def test_main_builds_a_database_the_loader_accepts(tmp_path):
     assert (entry["block_n"], entry["programs_per_sm"], entry["us"]) == (32, 2, 11.0)
     assert tdb.shipped_path(decode_tuning.FAMILY, tdb.gpu_key("NVIDIA H200", (9, 0))).name == \
         "attention_decode_sm90_h200.json"
+
+
+def test_auto_verdicts_and_install_reasons(tmp_path, monkeypatch):
+    path = _write_db(tmp_path / "db.json", [
+        dict(programs=256, keys=768, block_n=64, num_warps=4, num_stages=3, programs_per_sm=4, us=30.0, sdpa_us=40.0),
+        dict(programs=2048, keys=768, block_n=64, num_warps=4, num_stages=3, programs_per_sm=4, us=39.0,
+             sdpa_us=40.0)])
+    monkeypatch.setattr(decode_tuning, "_shipped", lambda device_index: path)
+    assert decode_tuning.verdict(0, 300, 768) is None                     # 30 <= 0.9 x 40
+    assert "39.0 us against SDPA's 40.0" in decode_tuning.verdict(0, 4096, 768)
+    assert "no CUDA device" in decode_tuning.verdict(-1, 256, 768)
+    assert decode_tuning.install_reason(0) is None
+    assert "no CUDA device" in decode_tuning.install_reason(None)
+    losing = _write_db(tmp_path / "losing.json", [
+        dict(programs=256, keys=768, block_n=64, num_warps=4, num_stages=3, programs_per_sm=4, us=39.0, sdpa_us=40.0)])
+    monkeypatch.setattr(decode_tuning, "_shipped", lambda device_index: losing)
+    assert "no shape where the kernel takes <= 0.9x" in decode_tuning.install_reason(0)
+    monkeypatch.setattr(decode_tuning, "_shipped", lambda device_index: str(tmp_path / "none.json"))
+    assert "no decode tuning database" in decode_tuning.install_reason(0)

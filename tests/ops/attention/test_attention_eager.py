@@ -118,8 +118,17 @@ def test_decode_entry_and_its_overrides_follow_the_option(monkeypatch):
 
     routes = {(r.backend, r.direction): r for r in eager.backend_ops()}
     decode_gates = [i.install_reason for i in eager.impls() if i.name == eager.DECODE]
+    monkeypatch.setattr(config, "attention_decode", "off")
     assert len(decode_gates) == 2 and all(g() == "config.attention_decode is off" for g in decode_gates)
-    monkeypatch.setattr(config, "attention_decode", True)
+    monkeypatch.setattr(config, "attention_decode", "auto")          # the default: the database decides
+    assert all(g().startswith("config.attention_decode is auto: ") for g in decode_gates)   # no GPU here
+    monkeypatch.setattr(database, "route_reason", lambda backend, direction: "database: no saving")
+    assert eager._route_reason(routes[("cudnn", "fwd")]) == "database: no saving"
+    monkeypatch.setattr(eager.decode_tuning, "install_reason", lambda device: None)   # a database that wins
+    assert all(g() is None for g in decode_gates)
+    assert eager._route_reason(routes[("cudnn", "fwd")]) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(config, "attention_decode", "on")
     assert all(g() is None for g in decode_gates)
     assert eager._route_reason(routes[("cudnn", "fwd")]) is None         # installed whatever the database says
     assert eager._route_reason(routes[("efficient", "fwd")]) is None

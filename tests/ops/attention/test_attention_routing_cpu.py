@@ -290,7 +290,7 @@ def test_masked_decode_is_served_under_the_option(routed, monkeypatch, backend):
 
     calls = []
     monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
-    monkeypatch.setattr(config, "attention_decode", True)
+    monkeypatch.setattr(config, "attention_decode", "on")
     _dispatch.uninstall([FAMILY])
     _dispatch.install([FAMILY])                    # the decode entry is installed with the option on
     q, k, v = _qkv(b=3, hq=8, hk=2, sq=4, sk=100, grad=False)
@@ -312,11 +312,35 @@ def test_masked_decode_is_served_under_the_option(routed, monkeypatch, backend):
     assert decisions[0].impl is None and "1..16 query rows" in decisions[0].reason and routed == [backend]
 
 
+def test_masked_decode_follows_the_decode_database_under_auto(routed, monkeypatch):
+    from tilefly.ops.attention import decode, decode_tuning
+
+    calls, asked = [], []
+    monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    monkeypatch.setattr(decode_tuning, "install_reason", lambda device: None)   # a database that wins somewhere
+    verdicts = {64: None, 256: "decode tuning database: 30.0 us against SDPA's 25.0"}
+    monkeypatch.setattr(decode_tuning, "verdict",
+                        lambda device, programs, keys: asked.append((programs, keys)) or verdicts[keys])
+    assert config.attention_decode == "auto"
+    _dispatch.uninstall([FAMILY])
+    _dispatch.install([FAMILY])
+    q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=64, grad=False)
+    with _dispatch.recording() as decisions:
+        _call("cudnn", q, k, v, attn_bias=torch.zeros(2, 1, 1, 64, dtype=q.dtype))
+    assert decisions[0].impl == eager.DECODE and len(calls) == 1 and asked == [(4, 64)]
+    q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=256, grad=False)
+    with _dispatch.recording() as decisions:
+        _call("cudnn", q, k, v, attn_bias=torch.zeros(2, 1, 1, 256, dtype=q.dtype))
+    assert decisions[0].impl is None and len(calls) == 1 and routed == ["cudnn"]
+    assert "tilefly_decode: attention mask given; decode: decode tuning database: 30.0 us" in decisions[0].reason
+
+
 def test_masked_decode_stays_with_the_op_when_the_option_is_off(routed, monkeypatch):
     from tilefly.ops.attention import decode
 
     calls = []
     monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    monkeypatch.setattr(config, "attention_decode", "off")
     q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=64, grad=False)
     with _dispatch.recording() as decisions:
         _call("cudnn", q, k, v, attn_bias=torch.zeros(2, 1, 1, 64, dtype=q.dtype))

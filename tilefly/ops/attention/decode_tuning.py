@@ -6,7 +6,9 @@ The probe (``scripts/decode_attention_probe.py --sweep --json FILE``) times ever
 length and the (batch x head) program count, not how many keys are valid, so one entry stands for
 each (programs, cache) pair: the config with the smallest geometric mean over the pair's valid
 lengths, among those timed at all of them. A call takes the entry nearest its (programs, keys)
-in log2 distance; without a database for the GPU, ``decode.DEFAULT``.
+in log2 distance; without a database for the GPU, ``decode.DEFAULT``. Under
+``config.attention_decode == "auto"`` the same entry decides whether the decode serves the call at
+all: only where it took at most ``WIN`` times SDPA's time.
 
     python -m tilefly.ops.attention.decode_tuning PROBE.json [PROBE.json ...] [--out PATH]
 
@@ -29,6 +31,7 @@ from tilefly.tuning import db as tdb
 FAMILY = "attention_decode"
 VERSION = 1
 KNOBS = ("block_n", "num_warps", "num_stages", "programs_per_sm")
+WIN = 0.9       # config.attention_decode "auto" serves a shape whose nearest entry takes <= WIN x SDPA's time
 _log = logging.getLogger("tilefly.attention")
 
 
@@ -78,6 +81,39 @@ def _geomean(values) -> float:
 def nearest(entries, programs: int, keys: int) -> dict[str, Any]:
     """The entry closest to (programs, keys) in log2 distance (ties: the first in file order)."""
     return min(entries, key=lambda e: abs(math.log2(e["programs"] / programs)) + abs(math.log2(e["keys"] / keys)))
+
+
+def verdict(device_index: int, programs: int, keys: int) -> str | None:
+    """Why config.attention_decode "auto" leaves this call to SDPA (None: the decode serves it);
+    ``device_index`` as ``Tensor.get_device`` gives it (-1: not a CUDA tensor)."""
+    if device_index < 0:
+        return "no CUDA device to pick a decode tuning database by"
+    return _verdict(_shipped(device_index), programs, keys)
+
+
+def install_reason(device_index: int | None) -> str | None:
+    """Why "auto" installs no decode overrides on this device: no database, or none of its shapes wins."""
+    if device_index is None:
+        return "no CUDA device to pick a decode tuning database by"
+    path = _shipped(device_index)
+    entries = _entries(path)
+    if not entries:
+        return f"no decode tuning database for this GPU ({path.rsplit('/', 1)[-1]})"
+    if not any(e["us"] <= WIN * e["sdpa_us"] for e in entries):
+        return f"the decode tuning database has no shape where the kernel takes <= {WIN}x SDPA's time"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _verdict(path: str, programs: int, keys: int) -> str | None:
+    entries = _entries(path)
+    if not entries:
+        return "no decode tuning database for this GPU"
+    e = nearest(entries, programs, keys)
+    if e["us"] <= WIN * e["sdpa_us"]:
+        return None
+    return (f"decode tuning database: {e['us']:.1f} us against SDPA's {e['sdpa_us']:.1f} at the nearest shape "
+            f"(programs {e['programs']}, keys {e['keys']})")
 
 
 def config_for(device_index: int, programs: int, keys: int):

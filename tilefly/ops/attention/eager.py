@@ -6,14 +6,16 @@ backend ops themselves, forward and backward, on the CUDA key:
 ``_scaled_dot_product_{cudnn,flash,efficient}_attention[_backward]``. Each op gets two or three
 implementations, tried in order:
 
-    tilefly_decode the masked split-KV decode (decode.py), with config.attention_decode on
-                   (forward cuDNN and efficient ops, which take a mask): no database involved
+    tilefly_decode the masked split-KV decode (decode.py) on the forward cuDNN and efficient
+                   ops, which take a mask: config.attention_decode "on", or "auto" where the
+                   decode tuning database (decode_tuning.py) has it winning
     tilefly_fa     tilefly's own kernels, where the database says they win
     sdpa_reroute   another stock backend, where the database says it beats this op's kernel
 
 and otherwise the op's own kernel runs, as without tilefly. An op the database never serves
 otherwise gets no override at all (``config.attention_routes`` "auto", database.route_reason;
-config.attention_decode installs the forward overrides of the ops that take a mask):
+the decode entry, where _decode_reason lets it in, installs the forward overrides of the ops
+that take a mask):
 a Python kernel costs host time on every call of its op, served or not. Forward and backward are
 decided separately; they stay consistent because every implementation's backward takes
 any implementation's saved output and log-sum-exp (backends.py), and outputs are laid
@@ -27,7 +29,9 @@ Eligibility (first failing row gives the reason; all keep the op's own kernel):
     |                                             | config.attention_decode serves it:      |
     |                                             | forward, no dropout or causal, and      |
     |                                             | decode.unsupported passes (<= 16 query  |
-    |                                             | rows a head): decode.py's kernel        |
+    |                                             | rows a head), and under "auto" the      |
+    |                                             | decode tuning database's nearest shape  |
+    |                                             | wins: decode.py's kernel                |
     | dropout_p > 0                               | dropout                                 |
     | return_debug_mask                           | debug attention mask requested          |
     | dtype not FP16/BF16 (FP32 stays ATen's)     | dtype                                   |
@@ -39,7 +43,7 @@ Eligibility (first failing row gives the reason; all keep the op's own kernel):
     | every faster implementation refuses         | each one's reason (backends.py)         |
 
 The predicates of one call share one decision: the first entry's predicate computes it
-(``tilefly_decode``'s where config.attention_decode installed that entry ahead of the
+(``tilefly_decode``'s where _decode_reason installed that entry ahead of the
 forward ops that take a mask, else ``tilefly_fa``'s), the later predicates and the serving
 function of the same call reuse it from a thread-local slot. Inside these overrides autograd
 is off: backward is computed by backward kernels, never by torch.autograd.
@@ -52,7 +56,7 @@ import torch
 
 from tilefly import _device, config
 from tilefly._dispatch import Impl
-from tilefly.ops.attention import backends, database, decode, formats
+from tilefly.ops.attention import backends, database, decode, decode_tuning, formats
 from tilefly.ops.attention.database import Decision
 
 FAMILY = "attention"
@@ -88,7 +92,7 @@ class BackendOp:
         bias_i, dropout_i, debug_i, causal_i = self._pos
         bias = args[bias_i] if bias_i < n else kwargs.get("attn_bias")
         if bias is not None:
-            return self._masked(q, k, v, bias, args, kwargs) if config.attention_decode else _MASK
+            return _MASK if config.attention_decode == "off" else self._masked(q, k, v, bias, args, kwargs)
         if (args[dropout_i] if dropout_i < n else kwargs.get("dropout_p", 0.0)) > 0.0:
             return _DROPOUT
         if args[debug_i] if debug_i < n else kwargs.get("return_debug_mask", False):
@@ -135,6 +139,8 @@ class BackendOp:
         if spec.arg(args, kwargs, "is_causal", False):
             return _keep("attention mask given with is_causal")
         reason = _device.hopper_reason(q) or decode.unsupported(q, k, v, bias)
+        if reason is None and config.attention_decode == "auto":
+            reason = decode_tuning.verdict(q.get_device(), q.shape[0] * q.shape[1], k.shape[2])
         return Decision(DECODE, None, None) if reason is None else _keep(f"attention mask given; decode: {reason}")
 
     def _decision(self, args: tuple, kwargs: dict, fresh: bool, pending: bool = False) -> Decision:
@@ -242,7 +248,7 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
     for route in backend_ops(dispatch_key):
         if route.direction == "fwd" and "attn_bias" in route.spec.positions:
             out.append(Impl(family, route.op, DECODE, route.decode_predicate, route.serve, dispatch_key,
-                            install_reason=_decode_off))
+                            install_reason=_decode_reason))
         gate = (lambda r=route: _route_reason(r)) if dispatch_key == "CUDA" else None
         out.append(Impl(family, route.op, backends.TileflyFA.name, route.tilefly_predicate, route.serve,
                         dispatch_key, install_reason=gate))
@@ -252,12 +258,23 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
 
 
 def _route_reason(route: BackendOp) -> str | None:
-    """database.route_reason, except that config.attention_decode installs the forward overrides of
-    the ops that take a mask (cuDNN, efficient)."""
-    if config.attention_decode and route.direction == "fwd" and "attn_bias" in route.spec.positions:
+    """database.route_reason, except that the decode entry (_decode_reason) installs the forward
+    overrides of the ops that take a mask (cuDNN, efficient)."""
+    if route.direction == "fwd" and "attn_bias" in route.spec.positions and _decode_reason() is None:
         return None
     return database.route_reason(route.backend, route.direction)
 
 
-def _decode_off() -> str | None:
-    return None if config.attention_decode else "config.attention_decode is off"
+def _decode_reason() -> str | None:
+    """Why enable() installs no decode entry: config.attention_decode "off", or under "auto" no
+    decode tuning database that has the kernel winning somewhere on the current device."""
+    mode = config.attention_decode
+    if mode == "on":
+        return None
+    if mode == "off":
+        return "config.attention_decode is off"
+    import torch
+
+    device = torch.cuda.current_device() if _device.has_hopper() else None
+    reason = decode_tuning.install_reason(device)
+    return None if reason is None else f"config.attention_decode is auto: {reason}"

@@ -1,7 +1,8 @@
 """Split-KV decode attention with an additive mask (plain Triton): at most 16 query rows a head
 (one decode token, or the query heads of one KV group) against a long KV cache.
 
-Serves SDPA's masked decode calls when ``config.attention_decode`` is on (eager.py; off by default).
+Serves SDPA's masked decode calls under ``config.attention_decode`` (eager.py: "on", or "auto" where the
+decode tuning database has it winning).
 Correctness is checked under Triton's interpreter (decode.interpreter_checks) and the kernels compile
 for sm_90a (decode.compile_specs); BENCHMARKS.md (session 30) has the H200 measurements.
 
