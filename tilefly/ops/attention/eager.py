@@ -138,9 +138,10 @@ class BackendOp:
             return _keep("attention mask given with dropout or a debug mask")
         if spec.arg(args, kwargs, "is_causal", False):
             return _keep("attention mask given with is_causal")
-        reason = _device.hopper_reason(q) or decode.unsupported(q, k, v, bias)
-        if reason is None and config.attention_decode == "auto":
+        reason = None
+        if config.attention_decode == "auto":    # first: a cached lookup, cheap where no database ships
             reason = decode_tuning.verdict(q.get_device(), q.shape[0] * q.shape[1], k.shape[2])
+        reason = reason or _device.hopper_reason(q) or decode.unsupported(q, k, v, bias)
         return Decision(DECODE, None, None) if reason is None else _keep(f"attention mask given; decode: {reason}")
 
     def _decision(self, args: tuple, kwargs: dict, fresh: bool, pending: bool = False) -> Decision:
