@@ -321,7 +321,7 @@ def test_masked_decode_follows_the_decode_database_under_auto(routed, monkeypatc
     verdicts = {64: None, 256: "decode tuning database: 30.0 us against SDPA's 25.0"}
     monkeypatch.setattr(decode_tuning, "verdict",
                         lambda device, programs, keys: asked.append((programs, keys)) or verdicts[keys])
-    assert config.attention_decode == "auto"
+    monkeypatch.setattr(config, "attention_decode", "auto")
     _dispatch.uninstall([FAMILY])
     _dispatch.install([FAMILY])
     q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=64, grad=False)
