@@ -24,34 +24,22 @@ import dataclasses
 import itertools
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from tilefly.bench.timing import graph_us
 
 SWEEP = dict(block_n=(32, 64, 128), num_warps=(2, 4, 8), num_stages=(2, 3), programs_per_sm=(1, 2, 4, 8, 16))
 SPILLS = {(128, 2)}     # (block_n, num_warps) pairs that spill registers (sm_90a compile): not swept
 
 
-def graph_us(call, sets: list, reps: int, replays: int) -> float:
-    """GPU µs a call: ``reps`` calls over ``sets`` captured in one graph, median replay."""
-    for s in sets[:2]:
-        call(*s)                               # compile and warm outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+def per_call_us(call, sets: list, reps: int, replays: int) -> float:
+    """GPU µs a call: ``reps`` calls cycling over ``sets`` in one CUDA graph (timing.graph_us)."""
+    def calls():
         for i in range(reps):
             call(*sets[i % len(sets)])
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return statistics.median(times)
+    return graph_us(calls, replays) / reps
 
 
 def main() -> None:
@@ -94,7 +82,7 @@ def main() -> None:
                 seen = (torch.arange(args.cache, device="cuda") < valid).expand(b, 1, 1, args.cache)
                 bias = torch.zeros(seen.shape, device="cuda", dtype=dt).masked_fill(~seen, -65504.0)
                 sets.append((q, k, v, bias))
-            sdpa_us = graph_us(lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+            sdpa_us = per_call_us(lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
                                sets, args.reps, args.replays)
             q, k, v, bias = sets[0]
             ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).float()
@@ -102,7 +90,7 @@ def main() -> None:
             for cfg in configs:
                 try:
                     err = (decode.decode_attention(q, k, v, bias, cfg=cfg)[0].float() - ref).abs().max().item()
-                    us = graph_us(lambda q, k, v, bias, cfg=cfg: decode.decode_attention(q, k, v, bias, cfg=cfg),
+                    us = per_call_us(lambda q, k, v, bias, cfg=cfg: decode.decode_attention(q, k, v, bias, cfg=cfg),
                                   sets, args.reps, args.replays)
                 except Exception as e:  # noqa: BLE001 - a config that does not fit the SM is skipped
                     if cfg == decode.DEFAULT:

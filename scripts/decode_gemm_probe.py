@@ -12,39 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from tilefly.bench.timing import graph_us
 from tilefly.ops.gemm import configs, launch
 
 # (name, N, K) of y = x @ W.T with W [N, K]: Llama-3.1-8B's q, k/v, o, gate/up, down, lm_head
 SHAPES = (("q/o", 4096, 4096), ("k/v", 1024, 4096), ("gate/up", 14336, 4096), ("down", 4096, 14336),
           ("lm_head", 128256, 4096))
-
-
-def graph_us(calls, replays: int = 30) -> float:
-    """Median microseconds of one replay of a graph holding ``calls()``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        calls()  # compile / warm outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:

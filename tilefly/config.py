@@ -115,7 +115,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
-           "(griddepcontrol.wait). Experimental: not yet measured on a GPU."),
+           "(griddepcontrol.wait). Experimental: 4% slower end to end (Llama-3.1-8B MXFP8, 32 requests, H200)."),
 )
 
 # Module attributes, filled by reload(); declared for readers and type checkers.

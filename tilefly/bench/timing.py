@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -198,3 +199,29 @@ def summary(times: list[float]) -> Timing:
 def measure(fn: Callable[[], Any], policy: Policy = FULL, device: torch.device | None = None) -> Timing:
     """Time ``fn()`` on the current CUDA device as described in the module docstring."""
     return summary(sample(fn, warm(fn, policy, device), device, policy.headstart_us))
+
+
+def graph_us(calls: Callable[[], Any], replays: int = 30) -> float:
+    """Median GPU µs of one replay of a CUDA graph holding ``calls()``, as a model's CUDA-graphed step
+    runs it: host cost left out, launch gaps inside the graph kept. ``calls`` runs once first on a
+    side stream (compiles, first-use allocations) outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        calls()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)

@@ -271,7 +271,7 @@ def test_a_tilefly_kernel_module_plugs_into_the_slot(routed, tmp_path, monkeypat
 
 
 def _decode_stand_in(calls):
-    """decode.decode_attention's contract through its float64 reference (the kernel itself runs in
+    """decode.run's contract through its float64 reference (the kernel itself runs in
     the interpreter checks)."""
     import math
 
@@ -289,7 +289,7 @@ def test_masked_decode_is_served_under_the_option(routed, monkeypatch, backend):
     from tilefly.ops.attention import decode
 
     calls = []
-    monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    monkeypatch.setattr(decode, "run", _decode_stand_in(calls))
     monkeypatch.setattr(config, "attention_decode", "on")
     _dispatch.uninstall([FAMILY])
     _dispatch.install([FAMILY])                    # the decode entry is installed with the option on
@@ -316,7 +316,7 @@ def test_masked_decode_follows_the_decode_database_under_auto(routed, monkeypatc
     from tilefly.ops.attention import decode, decode_tuning
 
     calls, asked = [], []
-    monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    monkeypatch.setattr(decode, "run", _decode_stand_in(calls))
     monkeypatch.setattr(decode_tuning, "install_reason", lambda device: None)   # a database that wins somewhere
     verdicts = {64: None, 256: "decode tuning database: 30.0 us against SDPA's 25.0"}
     monkeypatch.setattr(decode_tuning, "verdict",
@@ -339,7 +339,7 @@ def test_masked_decode_stays_with_the_op_when_the_option_is_off(routed, monkeypa
     from tilefly.ops.attention import decode
 
     calls = []
-    monkeypatch.setattr(decode, "decode_attention", _decode_stand_in(calls))
+    monkeypatch.setattr(decode, "run", _decode_stand_in(calls))
     monkeypatch.setattr(config, "attention_decode", "off")
     q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=64, grad=False)
     with _dispatch.recording() as decisions:

@@ -95,6 +95,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     reason = unsupported(q, k, v, bias)
     if reason:
         raise ValueError(f"decode_attention: {reason}")
+    return run(q, k, v, bias, scale, splits, cfg)
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+        scale: float | None = None, splits: int | None = None,
+        cfg: DecodeConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``decode_attention`` for inputs ``unsupported`` already passed (the router's predicate ran it)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     if scale is None:

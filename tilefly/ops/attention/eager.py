@@ -82,6 +82,7 @@ class BackendOp:
         self._qkv = 0 if direction == "fwd" else 1   # position of query among the op's arguments
         pos = self.spec.positions
         self._pos = tuple(pos.get(n, _ABSENT) for n in ("attn_bias", "dropout_p", "return_debug_mask", "is_causal"))
+        self.decode_live = False   # the last install let this op's decode entry in (decode_gate)
 
     # ---- decision ------------------------------------------------------------------------------
 
@@ -92,7 +93,8 @@ class BackendOp:
         bias_i, dropout_i, debug_i, causal_i = self._pos
         bias = args[bias_i] if bias_i < n else kwargs.get("attn_bias")
         if bias is not None:
-            return _MASK if config.attention_decode == "off" else self._masked(q, k, v, bias, args, kwargs)
+            live = self.decode_live and config.attention_decode != "off"
+            return self._masked(q, k, v, bias, args, kwargs) if live else _MASK
         if (args[dropout_i] if dropout_i < n else kwargs.get("dropout_p", 0.0)) > 0.0:
             return _DROPOUT
         if args[debug_i] if debug_i < n else kwargs.get("return_debug_mask", False):
@@ -130,10 +132,8 @@ class BackendOp:
         return _keep("; ".join([plan.reason] + refusals))
 
     def _masked(self, q, k, v, bias, args: tuple, kwargs: dict) -> Decision:
-        """A masked call under config.attention_decode: the decode kernel's decision, or why not."""
+        """A masked forward call where the decode entry is installed: the decode kernel's decision, or why not."""
         spec = self.spec
-        if self.direction != "fwd":
-            return _keep("attention mask given: the masked decode serves forward calls only")
         if spec.arg(args, kwargs, "dropout_p", 0.0) > 0.0 or spec.arg(args, kwargs, "return_debug_mask", False):
             return _keep("attention mask given with dropout or a debug mask")
         if spec.arg(args, kwargs, "is_causal", False):
@@ -156,6 +156,13 @@ class BackendOp:
         return slot[1]
 
     # ---- the router implementations ---------------------------------------------------------------
+
+    def decode_gate(self) -> str | None:
+        """The decode entry's install reason (_decode_reason), remembered: without the entry a masked
+        call keeps the op's kernel at once, no decode checks on its dispatch path."""
+        reason = _decode_reason()
+        self.decode_live = reason is None
+        return reason
 
     def decode_predicate(self, *args, **kwargs) -> str | None:
         """First entry of the masked-capable forward ops under config.attention_decode."""
@@ -207,7 +214,7 @@ class BackendOp:
         q, k, v = args[0], args[1], args[2]
         need_lse = bool(spec.arg(args, kwargs, "compute_log_sumexp", True))
         bias, scale = spec.arg(args, kwargs, "attn_bias"), spec.arg(args, kwargs, "scale")
-        out, lse = decode.decode_attention(q, k, v, bias, scale)
+        out, lse = decode.run(q, k, v, bias, scale)     # the predicate ran decode.unsupported
         slots = spec.template(args, kwargs)
         return (formats.conform(out, slots[0]),
                 formats.lse_as(slots[1], lse if need_lse else None, q.shape[2], q.device),
@@ -249,7 +256,7 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
     for route in backend_ops(dispatch_key):
         if route.direction == "fwd" and "attn_bias" in route.spec.positions:
             out.append(Impl(family, route.op, DECODE, route.decode_predicate, route.serve, dispatch_key,
-                            install_reason=_decode_reason))
+                            install_reason=route.decode_gate))
         gate = (lambda r=route: _route_reason(r)) if dispatch_key == "CUDA" else None
         out.append(Impl(family, route.op, backends.TileflyFA.name, route.tilefly_predicate, route.serve,
                         dispatch_key, install_reason=gate))
@@ -261,7 +268,7 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
 def _route_reason(route: BackendOp) -> str | None:
     """database.route_reason, except that the decode entry (_decode_reason) installs the forward
     overrides of the ops that take a mask (cuDNN, efficient)."""
-    if route.direction == "fwd" and "attn_bias" in route.spec.positions and _decode_reason() is None:
+    if route.direction == "fwd" and "attn_bias" in route.spec.positions and route.decode_gate() is None:
         return None
     return database.route_reason(route.backend, route.direction)
 
