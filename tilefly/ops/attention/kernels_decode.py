@@ -39,7 +39,8 @@ Layout plan (``decode_split_kernel``, one program per (batch x head, split), num
                 rescales them to a running max in one pass, writes the output and zeroes the ticket
                 for the next launch. With one split (DIRECT) the program writes the output directly.
     output      any strides, the query's dtype; the natural-log log-sum-exp B x H x Sq FP32. A fully
-                masked row (max -inf) gets 0, as PyTorch's SDPA gives it, and log-sum-exp -inf.
+                masked row (max -inf, sum 0) gets 0, as PyTorch's SDPA gives it, and log-sum-exp
+                -inf; a row of NaN logits gets NaN (its sum is NaN).
     shared      Triton's pipeline buffers for K and V (num_stages x 2 x BLOCK_N x D x 2 bytes);
                 registers: the accumulator (16 x D / (32 x num_warps) FP32 a thread).
 """
@@ -150,9 +151,11 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
 @triton.jit
 def _store_rows(out_ptr, lse_ptr, acc, m, l, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m):
     """out = acc / l in the output's dtype and strides, lse = ln(sum exp) from the base-2 max m and
-    sum l; a fully masked row (m = -inf) gets 0 and -inf."""
-    out = tl.where(m[:, None] == NEG_INF, 0.0, acc / l[:, None])
+    sum l; a fully masked row (m = -inf, l = 0) gets 0 and -inf. A row whose logits are all NaN also
+    keeps m = -inf (the GPU's max drops NaN), but its l is NaN: it gets NaN, as SDPA gives it."""
+    masked = (m == NEG_INF) & (l == 0.0)
+    out = tl.where(masked[:, None], 0.0, acc / l[:, None])
     tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
-    lse = tl.where(m == NEG_INF, NEG_INF, (m + tl.math.log2(l)) / LOG2E)
+    lse = tl.where(masked, NEG_INF, (m + tl.math.log2(l)) / LOG2E)
     tl.store(lse_ptr + bh * Sq + rows, lse, mask=row_live)
