@@ -50,6 +50,24 @@ def test_merge_groups_and_later_run_wins(parts):
     assert report.merge([merged]) == merged
 
 
+def test_a_later_one_side_run_keeps_the_other_side_of_the_row(parts):
+    first, _, _ = parts
+    b_only = _run("llama-3.1-8b", "bf16", [{"concurrency": 8, "B": _side(1500.0), "note": "B only"}],
+                  "2026-12-01T03:00:00+00:00", commit="c" * 40)
+    b_only["side"] = "B"
+    merged = report.merge([first, b_only])
+    row = merged["runs"][0]["rows"][0]
+    assert row["A"]["tok_s"] == 1000.0 and row["B"]["tok_s"] == 1500.0
+    assert row["speedup"] == pytest.approx(1.5)
+    assert row["commits"] == {"A": "a" * 40, "B": "c" * 40}
+    assert "agreement" not in row and "carried over" in row["note"]
+    assert "1.50x" in report.markdown(merged)
+    # an A-only run never pairs with a row that has no B
+    a_only = _run("llama-3.1-8b", "bf16", [{"concurrency": 64, "A": _side(700.0)}], "2026-12-01T04:00:00+00:00")
+    a_only["side"] = "A"
+    assert "speedup" not in report.merge([first, a_only])["runs"][0]["rows"][-1]
+
+
 def test_merge_notes_different_environments(parts):
     first, second, _ = parts
     second["commit"] = "b" * 40

@@ -58,7 +58,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         # the latest run's environment; a side-A-only run must not drop B's description
         target.update({**meta, "sides": {**target.get("sides", {}), **meta.get("sides", {})}})
         for row in run["rows"]:
-            target["rows"][row["concurrency"]] = row
+            c = row["concurrency"]
+            target["rows"][c] = _carry_other_side(target["rows"].get(c), row, run.get("commit"))
     merged_runs = []
     for run in grouped.values():
         run["rows"] = [run["rows"][c] for c in sorted(run["rows"])]
@@ -66,6 +67,30 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     envs = sorted({(r.get("gpu", "?"), r.get("torch", "?"), r.get("commit", "?")) for r in runs})
     return {"kind": MERGED_KIND, "schema": 1, "runs": merged_runs,
             "notes": [f"merged from runs with different environments: {envs}"] if len(envs) > 1 else []}
+
+
+def _side_commit(row: dict[str, Any], side: str, run_commit: str | None) -> str | None:
+    return row.get("commits", {}).get(side, row.get("commit", run_commit))
+
+
+def _carry_other_side(earlier: dict[str, Any] | None, row: dict[str, Any], commit: str | None) -> dict[str, Any]:
+    """``row`` (the later one) as it stands, or, when it measured one side only and ``earlier`` holds
+    the other, the two together: a side-B rerun must not drop the stock path's figure it is compared
+    with. Both sides' commits are named, and the logits stay uncompared (merged rows keep no record)."""
+    stamped = {**row, "commit": row.get("commit", commit)}
+    sides = [s for s in ("A", "B") if "tok_s" in row.get(s, {})]
+    if earlier is None or len(sides) != 1:
+        return stamped
+    side = sides[0]
+    other = "B" if side == "A" else "A"
+    if "tok_s" not in earlier.get(other, {}) or earlier.get("prompts_sha") != row.get("prompts_sha"):
+        return stamped
+    both = {k: v for k, v in stamped.items() if k not in ("note", "agreement", "speedup")}
+    both[other] = earlier[other]
+    both["commits"] = {other: _side_commit(earlier, other, None), side: _side_commit(stamped, side, commit)}
+    both["speedup"] = both["B"]["tok_s"] / both["A"]["tok_s"]
+    both["note"] = f"{other} carried over from an earlier merge; logits not compared"
+    return both
 
 
 def _bf16_b(merged: dict[str, Any], run: dict[str, Any]) -> dict[int, float]:
