@@ -149,14 +149,21 @@ class _Siblings(nn.Module):
 @pytest.mark.skipif(MX_FAMILY not in FAMILIES, reason=f"tilefly has no {MX_FAMILY} family yet")
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
-def test_cuda_compiled_siblings_share_one_quantization_kernel(fmt, mode):
+@pytest.mark.parametrize("packed", [False, True])
+def test_cuda_compiled_siblings_share_one_quantization_and_one_call(fmt, mode, packed):
     """Compiled on CUDA, MXLinear quantizes through tilefly::mx_quantize_rows (kernels_quant's
-    kernel), the SharedQuantization pass keeps one call for the three projections, and the outputs
-    equal eager mode's bit for bit, CUDA graphs included."""
+    kernel), the SharedQuantization pass keeps one call for the three projections and makes their
+    GEMMs one tilefly::mx_linear_mm_packed call. Weights apart, it runs one GEMM each and equals
+    eager mode bit for bit, CUDA graphs included; weights packed (tilefly.mx.siblings), one GEMM
+    whose columns match each projection's float64 reference."""
     from torch._inductor.utils import run_and_get_code
+
+    from tilefly.mx import siblings
 
     torch.manual_seed(3)
     m = _Siblings(fmt, torch.bfloat16)
+    if packed:
+        assert siblings.pack_sibling_weights(m) == 1
     with tilefly.enabled(MX_FAMILY):
         torch._dynamo.reset()
         compiled = torch.compile(m, mode=mode)
@@ -165,12 +172,16 @@ def test_cuda_compiled_siblings_share_one_quantization_kernel(fmt, mode):
             if step == 0:
                 outs, (code,) = run_and_get_code(compiled, x)
                 assert code.count("torch.ops.tilefly.mx_quantize_rows.default(") == 1
-                assert code.count("torch.ops.tilefly.mx_linear_mm.default(") == 3
+                assert code.count("torch.ops.tilefly.mx_linear_mm_packed.default(") == 1
+                assert code.count("torch.ops.tilefly.mx_linear_mm.default(") == 0
             else:
                 outs = compiled(x)
             eager = m(x)
-            for got, want in zip(outs, eager):
-                torch.testing.assert_close(got, want, rtol=0, atol=0)
+            for got, want, p in zip(outs, eager, m.projections):
+                if packed:
+                    _check(got, _reference(p, x * 2))
+                else:
+                    torch.testing.assert_close(got, want, rtol=0, atol=0)
         torch._dynamo.reset()
 
 

@@ -9,13 +9,15 @@ Modules: ``formats`` (element/scale formats, bit-level helpers), ``layout`` (the
 SWIZZLE_32_4_4 scale layout), ``quant`` (quantize/dequantize and their rounding rules),
 ``kernels_quant`` (the one-pass Triton quantization kernel CUDA tensors run), ``quant_op``
 (that kernel as ``tilefly::mx_quantize_rows`` in compiled graphs), ``shared_quant_pass`` (the
-Inductor pass ``tilefly.enable()`` installs so one activation is quantized once), ``linear``
-(MXLinear, swap_linears). Importing this compiles nothing and does not import Inductor.
+Inductor pass ``tilefly.enable()`` installs so one activation is quantized once and sibling layers
+run one GEMM), ``linear`` (MXLinear, swap_linears), ``siblings`` (pack_sibling_weights: sibling
+layers' weights back to back, which ``swap_linears`` does and a ``model.to(device)`` undoes). Importing this compiles nothing and does not import Inductor.
 """
 from tilefly.mx.formats import BLOCK, FORMATS, FP4_VALUES, SWIZZLES
 from tilefly.mx.layout import blocked_numel, from_blocked, to_blocked
 from tilefly.mx.linear import BACKENDS, MXKernelUnavailable, MXLinear, swap_linears
 from tilefly.mx.quant import dequantize, quantize
+from tilefly.mx.siblings import pack_sibling_weights
 
 __all__ = ["BLOCK", "FORMATS", "FP4_VALUES", "SWIZZLES", "BACKENDS", "quantize", "dequantize", "to_blocked",
-           "from_blocked", "blocked_numel", "MXLinear", "MXKernelUnavailable", "swap_linears"]
+           "from_blocked", "blocked_numel", "MXLinear", "MXKernelUnavailable", "swap_linears", "pack_sibling_weights"]

@@ -233,8 +233,10 @@ def _why_not(linear: nn.Linear) -> str | None:
 
 
 def swap_linears(model: nn.Module, fmt: str, *, skip=("lm_head",), backend: str = "scaled_mm",
-                 swizzle="32_4_4", activations: str = "dynamic") -> list[str]:
+                 swizzle="32_4_4", activations: str = "dynamic", pack_siblings: bool = True) -> list[str]:
     """Replace ``model``'s ``nn.Linear`` layers by ``MXLinear`` in place; returns the names swapped.
+    With ``pack_siblings``, layers of one parent and one in_features then share weight buffers
+    (``tilefly.mx.siblings``), so that compiled graphs run sibling projections as one GEMM.
 
     A layer is left alone when its qualified name, or the name's last part, is in ``skip``; when
     its K is not a multiple of 32 or its dtype is not BF16/FP16 (logged on ``tilefly.mx`` with the
@@ -260,4 +262,8 @@ def swap_linears(model: nn.Module, fmt: str, *, skip=("lm_head",), backend: str 
             parent_name, _, child_name = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child_name, built[id(child)])
             swapped.append(name)
+    if pack_siblings:
+        from tilefly.mx.siblings import pack_sibling_weights   # siblings imports this module
+
+        pack_sibling_weights(model)
     return swapped

@@ -133,3 +133,16 @@ def test_run_side_keeps_the_generated_code_when_asked(tmp_path, monkeypatch):
     metrics, _, _ = ab.run_side(model, cache, ab.SIDE_A, prompts, 3, None, runs=1, capture=2,
                                 code_path=str(tmp_path / "eager.py"))
     assert "picks" not in metrics and not (tmp_path / "eager.py").exists()   # eager: nothing compiled
+
+
+def test_picks_counts_packed_sibling_mx_calls_apart():
+    from tilefly.bench.e2e import picks
+
+    code = ("def call(args):\n"
+            "    buf4 = torch.ops.tilefly.mx_linear_mm_packed.default(buf2, [w0, w1, w2], buf3, [s0, s1, s2], "
+            "'mxfp8', 'none', torch.bfloat16)\n"
+            "    assert_size_stride(buf4, (2, 12), (12, 1), 'torch.ops.tilefly.mx_linear_mm_packed.default')\n"
+            "    buf9 = torch.ops.tilefly.mx_linear_mm.default(a, w, sa, sw, 'mxfp8', 'none', None, torch.bfloat16)\n")
+    found = picks.picks([code])
+    assert (found["mx_op_calls"], found["mx_packed_calls"]) == (1, 1)
+    assert picks.describe(found).endswith("MX layer calls 1; packed sibling MX calls 1")

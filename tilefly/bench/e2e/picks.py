@@ -3,8 +3,9 @@ captured while compiling (``GraphLowering.save_output_code``, the hook ``run_and
 
 tilefly's candidates are ExternKernelChoices named ``tilefly_<op>_<config>_v1``; a winning one is
 called by that name in the wrapper. MX layers (MXLinear) are no Inductor choice: their GEMMs are
-calls of the custom op ``tilefly::mx_linear_mm``, whose F.scaled_mm tilefly's override serves at run
-time (side B; the decode profile names the kernel). Graphs loaded from Inductor's FX graph cache generate no
+calls of the custom op ``tilefly::mx_linear_mm``, or of ``tilefly::mx_linear_mm_packed`` for sibling
+layers of one input (tilefly.mx.siblings), whose F.scaled_mm tilefly's override serves at run time
+(side B; the decode profile names the kernel). Graphs loaded from Inductor's FX graph cache generate no
 code, so nothing is captured for them (``picks`` then says so).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ TRITON_TEMPLATE = re.compile(r"\btriton_tem_\w+")
 TRITON_TEMPLATE_CALL = re.compile(r"\btriton_tem_\w+\.run\(")
 ATEN_GEMM = re.compile(r"\bextern_kernels\.(mm|addmm|bmm|_scaled_mm|scaled_mm)\(")
 MX_OP_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm\.default\(")   # not the asserts naming it
+MX_PACKED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm_packed\.default\(")
 
 
 @contextlib.contextmanager
@@ -40,10 +42,12 @@ def picks(codes: list[str]) -> dict[str, Any]:
         return {"captured": 0, "note": "no generated code captured (graphs loaded from the FX graph cache?)"}
     text = "\n".join(codes)
     tilefly = Counter(TILEFLY_CALL.findall(text))
-    return {"captured": len(codes), "tilefly": dict(tilefly),
-            "triton_templates": len(set(TRITON_TEMPLATE.findall(text))),
-            "triton_template_calls": len(TRITON_TEMPLATE_CALL.findall(text)),
-            "aten_gemm_calls": len(ATEN_GEMM.findall(text)), "mx_op_calls": len(MX_OP_CALL.findall(text))}
+    found = {"captured": len(codes), "tilefly": dict(tilefly),
+             "triton_templates": len(set(TRITON_TEMPLATE.findall(text))),
+             "triton_template_calls": len(TRITON_TEMPLATE_CALL.findall(text)),
+             "aten_gemm_calls": len(ATEN_GEMM.findall(text)), "mx_op_calls": len(MX_OP_CALL.findall(text))}
+    packed = len(MX_PACKED_CALL.findall(text))
+    return {**found, "mx_packed_calls": packed} if packed else found
 
 
 def describe(p: dict[str, Any]) -> str:
@@ -53,4 +57,5 @@ def describe(p: dict[str, Any]) -> str:
     calls = p.get("triton_template_calls")
     templates = f"{p['triton_templates']}" + ("" if calls is None else f" ({calls} calls)")
     mx = f"; MX layer calls {p['mx_op_calls']}" if p.get("mx_op_calls") else ""
+    mx += f"; packed sibling MX calls {p['mx_packed_calls']}" if p.get("mx_packed_calls") else ""
     return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}{mx}"
