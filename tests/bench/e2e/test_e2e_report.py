@@ -161,3 +161,14 @@ def test_cudagraph_skips_are_flagged(parts):
     row16 = next(line for line in md.splitlines() if line.startswith("| 16 |"))
     assert "B: CUDA graphs skipped 2x" in row16
     assert "skipped" not in next(line for line in md.splitlines() if line.startswith("| 8 |"))
+
+
+def test_the_bf16_baseline_of_an_mx_run_has_its_tilefly_options(parts):
+    """A BF16 run with a tilefly option set (an experiment) is not the baseline of an MX run without it."""
+    first, _, mx = parts
+    experiment = dict(first, rows=[dict(row, B=_side(999.0)) for row in first["rows"]],
+                      tilefly_options={"attention_decode": True}, date="2026-12-01T05:00:00+00:00")
+    for order in ([first, experiment, mx], [experiment, first, mx]):
+        md = report.markdown(report.merge(order))
+        row8 = next(line for line in md.splitlines() if line.startswith("| 8 |") and "| 1500 |" in line)
+        assert "| 1200 | 1.25x |" in row8
