@@ -99,7 +99,8 @@ def main() -> None:
                     continue
                 timed[cfg] = (us, err)
                 splits, _ = decode.plan_splits(b * args.kv_heads, args.cache, sms, cfg)
-                rows.append(dict(batch=b, programs=b * args.kv_heads, valid=valid, cache=args.cache,
+                rows.append(dict(batch=b, programs=b * args.kv_heads, rows=args.group, head_dim=args.head_dim,
+                                 valid=valid, cache=args.cache,
                                  sdpa_us=sdpa_us, us=us, max_err=err, splits=splits, **dataclasses.asdict(cfg)))
             best = min(timed, key=lambda c: timed[c][0])
             wins.setdefault(best, []).append((b, valid))

@@ -11,7 +11,8 @@ SWIZZLE_32_4_4 scale layout), ``quant`` (quantize/dequantize and their rounding 
 (that kernel as ``tilefly::mx_quantize_rows`` in compiled graphs), ``shared_quant_pass`` (the
 Inductor pass ``tilefly.enable()`` installs so one activation is quantized once and sibling layers
 run one GEMM), ``linear`` (MXLinear, swap_linears), ``siblings`` (pack_sibling_weights: sibling
-layers' weights back to back, which ``swap_linears`` does and a ``model.to(device)`` undoes). Importing this compiles nothing and does not import Inductor.
+layers' weights back to back, which ``swap_linears`` does and a ``model.to(device)`` undoes).
+Importing this compiles nothing and does not import Inductor.
 """
 from tilefly.mx.formats import BLOCK, FORMATS, FP4_VALUES, SWIZZLES
 from tilefly.mx.layout import blocked_numel, from_blocked, to_blocked
@@ -20,4 +21,5 @@ from tilefly.mx.quant import dequantize, quantize
 from tilefly.mx.siblings import pack_sibling_weights
 
 __all__ = ["BLOCK", "FORMATS", "FP4_VALUES", "SWIZZLES", "BACKENDS", "quantize", "dequantize", "to_blocked",
-           "from_blocked", "blocked_numel", "MXLinear", "MXKernelUnavailable", "swap_linears", "pack_sibling_weights"]
+           "from_blocked", "blocked_numel", "MXLinear", "MXKernelUnavailable", "swap_linears",
+           "pack_sibling_weights"]

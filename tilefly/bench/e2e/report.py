@@ -94,9 +94,11 @@ def _carry_other_side(earlier: dict[str, Any] | None, row: dict[str, Any], commi
 
 
 def _bf16_b(merged: dict[str, Any], run: dict[str, Any]) -> dict[int, float]:
-    """The BF16 model's side-B tok/s per concurrency, from the run that matches ``run`` but for precision."""
-    for other in merged["runs"]:   # same setup and same tilefly options: a BF16 run with an option set is no baseline
-        if other["precision"] == "bf16" and _setup(other) == _setup(run) and split.options(other) == split.options(run):
+    """The BF16 model's side-B tok/s per concurrency, from the run that matches ``run`` but for precision
+    (tilefly options included)."""
+    for other in merged["runs"]:   # a BF16 run with other tilefly options set is an experiment, not the baseline
+        if (other["precision"] == "bf16" and _setup(other) == _setup(run)
+                and split.options(other) == split.options(run)):
             return {row["concurrency"]: row["B"]["tok_s"] for row in other["rows"] if "tok_s" in row.get("B", {})}
     return {}
 

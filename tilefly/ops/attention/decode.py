@@ -109,7 +109,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
     programs = b * h
     sms = _device.sm_count(q) if q.is_cuda else 8
     if cfg is None:
-        cfg = decode_tuning.config_for(q.device.index, programs, sk) if q.is_cuda else DEFAULT
+        cfg = decode_tuning.config_for(q.device.index, programs, sk, sq, d) if q.is_cuda else DEFAULT
     if splits is None:
         splits, per_split = plan_splits(programs, sk, sms, cfg)
     else:

@@ -4,13 +4,19 @@ the probe's sweep, nearest measured shape wins.
 The probe (``scripts/decode_attention_probe.py --sweep --json FILE``) times every config on
 (batch, valid keys) shapes over a cache of ``cache`` positions. The kernel sees only the cache
 length and the (batch x head) program count, not how many keys are valid, so one entry stands for
-each (programs, cache) pair: the config with the smallest geometric mean over the pair's valid
-lengths, among those timed at all of them. A call takes the entry nearest its (programs, keys)
-in log2 distance; without a database for the GPU, ``decode.DEFAULT``. Under
-``config.attention_decode == "auto"`` the same entry decides whether the decode serves the call at
-all: only where it took at most ``WIN`` times SDPA's time.
+each (programs, cache) pair of one layout: the config with the smallest geometric mean over the
+pair's valid lengths, among those timed at all of them. A layout is the query rows a program holds
+(``rows``: the query length; 4 where a grouped decode step folds 4 query heads into it) and the
+head dim: each is a different kernel, so entries of one layout say nothing about another. A call
+takes the entry of its layout nearest its (programs, keys) in log2 distance; without one,
+``decode.DEFAULT``. Under ``config.attention_decode == "auto"`` the same entry decides whether the
+decode serves the call at all: only where it took at most ``WIN`` times SDPA's time, and never for a
+layout the database does not hold.
 
     python -m tilefly.ops.attention.decode_tuning PROBE.json [PROBE.json ...] [--out PATH]
+                                                  [--rows N --head-dim D]
+
+(``--rows`` and ``--head-dim`` name the layout of probe files written before their rows recorded it.)
 
 writes ``tilefly/tuning/data/attention_decode_<gpu>.json`` (or PATH).
 """
@@ -29,14 +35,14 @@ from typing import Any
 from tilefly.tuning import db as tdb
 
 FAMILY = "attention_decode"
-VERSION = 1
+VERSION = 2     # 2: entries name their layout (rows, head_dim)
 KNOBS = ("block_n", "num_warps", "num_stages", "programs_per_sm")
 WIN = 0.9       # config.attention_decode "auto" serves a shape whose nearest entry takes <= WIN x SDPA's time
 _log = logging.getLogger("tilefly.attention")
 
 
 def validate_entry(e: dict[str, Any]) -> str | None:
-    for name in ("programs", "keys", *KNOBS):
+    for name in ("programs", "keys", "rows", "head_dim", *KNOBS):
         if not isinstance(e.get(name), int) or isinstance(e.get(name), bool) or e[name] < 1:
             return f"{name} must be a positive integer, got {e.get(name)!r}"
     if e["block_n"] < 16 or e["block_n"] & (e["block_n"] - 1):
@@ -54,22 +60,22 @@ def load(path) -> tdb.Database:
 
 
 def entries_from_probe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (programs, cache) of the probe's rows: the config with the least geometric mean
-    time over the pair's valid lengths, among configs timed at every one of them."""
-    times: dict[tuple[int, int], dict[tuple, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    sdpa: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    """One entry per (rows, head_dim, programs, cache) of the probe's rows: the config with the least
+    geometric mean time over the shape's valid lengths, among configs timed at every one of them."""
+    times: dict[tuple, dict[tuple, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    sdpa: dict[tuple, dict[int, float]] = defaultdict(dict)
     for r in rows:
-        shape = (r["programs"], r["cache"])
+        shape = (r["rows"], r["head_dim"], r["programs"], r["cache"])
         times[shape][tuple(r[k] for k in KNOBS)][r["valid"]] = r["us"]
         sdpa[shape][r["valid"]] = r["sdpa_us"]
     entries = []
-    for (programs, cache), by_config in sorted(times.items()):
-        valid = set(sdpa[(programs, cache)])
+    for shape, by_config in sorted(times.items()):
+        valid = set(sdpa[shape])
         complete = {c: t for c, t in by_config.items() if set(t) == valid}
         best = min(complete, key=lambda c: _geomean(complete[c].values()))
-        entries.append(dict(programs=programs, keys=cache, **dict(zip(KNOBS, best)),
+        entries.append(dict(zip(("rows", "head_dim", "programs", "keys"), shape), **dict(zip(KNOBS, best)),
                             us=round(_geomean(complete[best].values()), 2),
-                            sdpa_us=round(_geomean(sdpa[(programs, cache)].values()), 2)))
+                            sdpa_us=round(_geomean(sdpa[shape].values()), 2)))
     return entries
 
 
@@ -83,12 +89,17 @@ def nearest(entries, programs: int, keys: int) -> dict[str, Any]:
     return min(entries, key=lambda e: abs(math.log2(e["programs"] / programs)) + abs(math.log2(e["keys"] / keys)))
 
 
-def verdict(device_index: int, programs: int, keys: int) -> str | None:
+def of_layout(entries, rows: int, head_dim: int) -> list[dict[str, Any]]:
+    return [e for e in entries if e["rows"] == rows and e["head_dim"] == head_dim]
+
+
+def verdict(device_index: int, programs: int, keys: int, rows: int, head_dim: int) -> str | None:
     """Why config.attention_decode "auto" leaves this call to SDPA (None: the decode serves it);
-    ``device_index`` as ``Tensor.get_device`` gives it (-1: not a CUDA tensor)."""
+    ``device_index`` as ``Tensor.get_device`` gives it (-1: not a CUDA tensor); ``rows`` the query
+    rows of one (batch, head), ``head_dim`` the head dim."""
     if device_index < 0:
         return "no CUDA device to pick a decode tuning database by"
-    return _verdict(_shipped(device_index), programs, keys)
+    return _verdict(_shipped(device_index), programs, keys, rows, head_dim)
 
 
 def install_reason(device_index: int | None) -> str | None:
@@ -105,10 +116,13 @@ def install_reason(device_index: int | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _verdict(path: str, programs: int, keys: int) -> str | None:
+def _verdict(path: str, programs: int, keys: int, rows: int, head_dim: int) -> str | None:
     entries = _entries(path)
     if not entries:
         return "no decode tuning database for this GPU"
+    entries = of_layout(entries, rows, head_dim)
+    if not entries:
+        return f"the decode tuning database has no entry for {rows} query rows a head at head dim {head_dim}"
     e = nearest(entries, programs, keys)
     if e["us"] <= WIN * e["sdpa_us"]:
         return None
@@ -116,9 +130,9 @@ def _verdict(path: str, programs: int, keys: int) -> str | None:
             f"(programs {e['programs']}, keys {e['keys']})")
 
 
-def config_for(device_index: int, programs: int, keys: int):
+def config_for(device_index: int, programs: int, keys: int, rows: int, head_dim: int):
     """The DecodeConfig for a call on CUDA device ``device_index`` (cached per shape)."""
-    return _pick(_shipped(device_index), programs, keys)
+    return _pick(_shipped(device_index), programs, keys, rows, head_dim)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,10 +141,10 @@ def _shipped(device_index: int) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _pick(path: str, programs: int, keys: int):
+def _pick(path: str, programs: int, keys: int, rows: int, head_dim: int):
     from tilefly.ops.attention.decode import DEFAULT, DecodeConfig
 
-    entries = _entries(path)
+    entries = of_layout(_entries(path), rows, head_dim)
     if not entries:
         return DEFAULT
     e = nearest(entries, programs, keys)
@@ -152,20 +166,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probes", nargs="+", help="JSON files of scripts/decode_attention_probe.py --json")
     ap.add_argument("--out", help="database path (default: the package's file for the probes' GPU)")
+    ap.add_argument("--rows", type=int, help="query rows a head, for probe rows that do not record it")
+    ap.add_argument("--head-dim", type=int, help="head dim, for probe rows that do not record it")
     args = ap.parse_args(argv)
     runs = [json.load(open(p)) for p in args.probes]
     gpus = {(r["gpu"], tuple(r["capability"])) for r in runs}
     if len(gpus) != 1:
         ap.error(f"the probe files come from different GPUs: {sorted(gpus)}")
     (gpu, capability), = gpus
-    entries = entries_from_probe([row for r in runs for row in r["rows"]])
+    layout = {k: v for k, v in (("rows", args.rows), ("head_dim", args.head_dim)) if v is not None}
+    rows = [{**layout, **row} for r in runs for row in r["rows"]]
+    missing = sorted({k for row in rows for k in ("rows", "head_dim") if k not in row})
+    if missing:
+        ap.error(f"probe rows without {' and '.join(missing)}: name the layout they measured with "
+                 + " ".join(f"--{k.replace('_', '-')}" for k in missing))
+    entries = entries_from_probe(rows)
     header = {"version": VERSION, "gpu": gpu, "torch": runs[0].get("torch", ""),
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "tuner_args": {"probes": [p.rsplit("/", 1)[-1] for p in args.probes]}}
+              "tuner_args": {"probes": [p.rsplit("/", 1)[-1] for p in args.probes], **layout}}
     path = args.out or tdb.shipped_path(FAMILY, tdb.gpu_key(gpu, capability))
     tdb.write(path, header, entries)
     for e in entries:
-        print(f"programs {e['programs']:>5} keys {e['keys']:>6}: " + ", ".join(f"{k} {e[k]}" for k in KNOBS)
+        print(f"rows {e['rows']} head dim {e['head_dim']} programs {e['programs']:>5} keys {e['keys']:>6}: "
+              + ", ".join(f"{k} {e[k]}" for k in KNOBS)
               + f"  {e['us']:.1f} us (SDPA {e['sdpa_us']:.1f})")
     print(f"wrote {path}")
     return 0

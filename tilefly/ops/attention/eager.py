@@ -140,7 +140,8 @@ class BackendOp:
             return _keep("attention mask given with is_causal")
         reason = None
         if config.attention_decode == "auto":    # first: a cached lookup, cheap where no database ships
-            reason = decode_tuning.verdict(q.get_device(), q.shape[0] * q.shape[1], k.shape[2])
+            b, h, rows, head_dim = q.shape
+            reason = decode_tuning.verdict(q.get_device(), b * h, k.shape[2], rows, head_dim)
         reason = reason or _device.hopper_reason(q) or decode.unsupported(q, k, v, bias)
         return Decision(DECODE, None, None) if reason is None else _keep(f"attention mask given; decode: {reason}")
 
