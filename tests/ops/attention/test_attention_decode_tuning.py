@@ -75,7 +75,7 @@ def test_pick_reads_the_database_and_falls_back_to_the_default(tmp_path, caplog)
     assert decode_tuning._pick(path, 200, 700, 4, 64) == decode.DEFAULT
     assert decode_tuning._pick(str(tmp_path / "missing.json"), 256, 768, 4, 128) == decode.DEFAULT
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"version": 1, "gpu": "x", "torch": "", "created": "", "tuner_args": {},
+    bad.write_text(json.dumps({"version": decode_tuning.VERSION, "gpu": "x", "torch": "", "created": "", "tuner_args": {},
                                "entries": [{"programs": 1}]}))
     with caplog.at_level(logging.WARNING, logger="tilefly.attention"):
         assert decode_tuning._pick(str(bad), 256, 768, 4, 128) == decode.DEFAULT

@@ -320,14 +320,15 @@ def test_masked_decode_follows_the_decode_database_under_auto(routed, monkeypatc
     monkeypatch.setattr(decode_tuning, "install_reason", lambda device: None)   # a database that wins somewhere
     verdicts = {64: None, 256: "decode tuning database: 30.0 us against SDPA's 25.0"}
     monkeypatch.setattr(decode_tuning, "verdict",
-                        lambda device, programs, keys: asked.append((programs, keys)) or verdicts[keys])
+                        lambda device, programs, keys, rows, head_dim:
+                        asked.append((programs, keys, rows, head_dim)) or verdicts[keys])
     monkeypatch.setattr(config, "attention_decode", "auto")
     _dispatch.uninstall([FAMILY])
     _dispatch.install([FAMILY])
     q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=64, grad=False)
     with _dispatch.recording() as decisions:
         _call("cudnn", q, k, v, attn_bias=torch.zeros(2, 1, 1, 64, dtype=q.dtype))
-    assert decisions[0].impl == eager.DECODE and len(calls) == 1 and asked == [(4, 64)]
+    assert decisions[0].impl == eager.DECODE and len(calls) == 1 and asked == [(4, 64, 1, q.shape[3])]
     q, k, v = _qkv(b=2, hq=2, hk=2, sq=1, sk=256, grad=False)
     with _dispatch.recording() as decisions:
         _call("cudnn", q, k, v, attn_bias=torch.zeros(2, 1, 1, 256, dtype=q.dtype))
