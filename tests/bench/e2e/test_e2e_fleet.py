@@ -65,10 +65,25 @@ def test_a_queue_over_two_gpus_and_a_deadline(tmp_path):
     assert (tmp_path / "log_bf16_c8_A.txt").exists()
 
 
+def test_tiny_fleet_on_cpu_runs_real_processes_and_pairs_them(tmp_path):
+    """The whole path, subprocesses and merge, with the e2e CLI's CPU dry run (eager, tiny lengths)."""
+    import json
+
+    pytest.importorskip("transformers")
+    rc = fleet.main(["--model", "tiny", "--jobs", "bf16:8:A", "bf16:8:B", "--out", str(tmp_path), "--gpus", "1",
+                     "--timeout", "240", "--", "--device", "cpu", "--eager", "--input-len", "8", "--output-len", "4"])
+    assert rc == 0
+    (run,) = json.loads((tmp_path / "merged" / "e2e.json").read_text())["runs"]
+    (row,) = run["rows"]
+    assert row["A"]["tok_s"] > 0 and row["B"]["tok_s"] > 0 and row["agreement"]["ok"], row
+    assert sorted(p.name for p in tmp_path.glob("log_*.txt")) == ["log_bf16_c8_A.txt", "log_bf16_c8_B.txt"]
+
+
 @pytest.mark.cuda
 def test_tiny_fleet_runs_both_sides_and_pairs_them(tmp_path):
     import json
 
+    pytest.importorskip("transformers")
     rc = fleet.main(["--model", "tiny", "--jobs", "bf16:8:A", "bf16:8:B", "--out", str(tmp_path), "--timeout", "300",
                      "--", "--input-len", "32", "--output-len", "16"])
     assert rc == 0
