@@ -150,7 +150,7 @@ class _Siblings(nn.Module):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_cuda_compiled_siblings_share_one_quantization_and_one_call(fmt, mode, packed):
+def test_cuda_compiled_siblings_share_one_quantization_and_one_call(monkeypatch, fmt, mode, packed):
     """Compiled on CUDA, MXLinear quantizes through tilefly::mx_quantize_rows (kernels_quant's
     kernel), the SharedQuantization pass keeps one call for the three projections and makes their
     GEMMs one tilefly::mx_linear_mm_packed call. Weights apart, it runs one GEMM each and equals
@@ -158,12 +158,21 @@ def test_cuda_compiled_siblings_share_one_quantization_and_one_call(fmt, mode, p
     whose columns match each projection's float64 reference."""
     from torch._inductor.utils import run_and_get_code
 
-    from tilefly.mx import siblings
+    from tilefly.mx import linear, siblings
 
     torch.manual_seed(3)
     m = _Siblings(fmt, torch.bfloat16)
     if packed:
         assert siblings.pack_sibling_weights(m) == 1
+    else:   # apart for sure: each scale buffer a view with room behind it, so none can follow another
+        for p in m.projections:
+            n = p.weight_scale_bits.numel()
+            roomy = torch.empty(n + 512, dtype=torch.uint8, device="cuda")
+            roomy[:n].copy_(p.weight_scale_bits.reshape(-1))
+            p.weight_scale_bits = roomy[:n].view(p.weight_scale_bits.shape)
+    gemms = []
+    real_scaled_mm = linear._scaled_mm
+    monkeypatch.setattr(linear, "_scaled_mm", lambda *a: gemms.append(1) or real_scaled_mm(*a))
     with tilefly.enabled(MX_FAMILY):
         torch._dynamo.reset()
         compiled = torch.compile(m, mode=mode)
@@ -174,6 +183,7 @@ def test_cuda_compiled_siblings_share_one_quantization_and_one_call(fmt, mode, p
                 assert code.count("torch.ops.tilefly.mx_quantize_rows.default(") == 1
                 assert code.count("torch.ops.tilefly.mx_linear_mm_packed.default(") == 1
                 assert code.count("torch.ops.tilefly.mx_linear_mm.default(") == 0
+                assert len(gemms) == (1 if packed else 3)      # the last run of the compiled step
             else:
                 outs = compiled(x)
             eager = m(x)

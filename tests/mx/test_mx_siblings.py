@@ -122,6 +122,35 @@ def test_packed_op_matches_separate_calls(reference, pack):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+def test_packed_op_in_another_call_order_still_runs_one_gemm(reference):
+    model = _model()
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    a, sa = linear.quantize_rows(x, formats.ELEMENTS["mxfp8"])
+    layers = [model.v, model.q, model.k]           # back to back as q, k, v: one run in address order
+    out = siblings.mx_linear_mm_packed(a.view(torch.uint8), [m.weight_bits for m in layers], sa,
+                                       [m.weight_scale_bits for m in layers], "mxfp8", "none", torch.bfloat16)
+    assert reference.calls == 1
+    torch.testing.assert_close(out, torch.cat([m(x) for m in layers], dim=1), rtol=0, atol=0)
+    reference.calls = 0
+    layers = [model.q, model.v]                    # a gap (k) between them: two runs
+    siblings.mx_linear_mm_packed(a.view(torch.uint8), [m.weight_bits for m in layers], sa,
+                                 [m.weight_scale_bits for m in layers], "mxfp8", "none", torch.bfloat16)
+    assert reference.calls == 2
+
+
+def test_value_numbers_tell_constants_of_other_types_apart():
+    from tilefly.mx.shared_quant_pass import _value_numbers
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    muls = [graph.call_function(torch.ops.aten.mul.Tensor, (x, c)) for c in (2, 2.0, 2.0, 0.0, -0.0, True, 1)]
+    graph.output(tuple(muls))
+    n = _value_numbers(graph)
+    numbers = [n[m] for m in muls]
+    assert numbers[1] == numbers[2]                        # the same call twice: one value
+    assert len(set(numbers)) == len(numbers) - 1           # every other constant its own
+
+
 def _sibling_graph(weights: int, bias_on=None, late_weight=False):
     """An FX graph as the compiled model has it: one quantization, each projection its own getitem and
     dtype view of it, one mx_linear_mm per weight (row counts in the placeholders' values)."""

@@ -98,8 +98,8 @@ def _value_numbers(graph: torch.fx.Graph) -> dict[torch.fx.Node, tuple]:
             return numbers[arg]
         if isinstance(arg, (list, tuple)):
             return tuple(canon(a) for a in arg)
-        if isinstance(arg, float) and arg != arg:   # NaN constants: equal to each other here
-            return ("nan",)
+        if isinstance(arg, (bool, int, float)):     # 2 and 2.0, 0.0 and -0.0 differ; NaN equals NaN
+            return (type(arg).__name__, repr(arg))
         return arg
 
     for i, node in enumerate(graph.nodes):

@@ -14,8 +14,12 @@ Two pieces, neither of which copies a weight at run time:
 - ``tilefly::mx_linear_mm_packed``, which the post-grad pass (``shared_quant_pass``) puts in place
   of sibling ``tilefly::mx_linear_mm`` calls: ``a @ [w0; w1; ...].t()`` as one (M, sum N) output the
   graph slices. When the weights (and their scales) lie back to back in memory, one F.scaled_mm
-  call serves them all; otherwise each is its own call and the outputs are concatenated: slower,
+  call serves them all; otherwise each run of weights that are back to back (in address order) is
+  one call and the outputs are concatenated in call order: slower (one copy, logged once at INFO),
   never wrong. ``packed_operands`` decides, per call, from the pointers.
+
+Packed layers' buffers are views of one storage, in their state dicts too (each view covers only
+its own rows).
 """
 from __future__ import annotations
 
@@ -65,14 +69,45 @@ def packed_operands(w_bits: list[torch.Tensor], w_scale_bits: list[torch.Tensor]
     return data.view(rows, w_bits[0].shape[1]), scales
 
 
+def _address_runs(w_bits: list[torch.Tensor], w_scale_bits: list[torch.Tensor], swizzle: str) -> list[list[int]]:
+    """The weights' indices in address order, cut wherever the next one does not follow back to back."""
+    order = sorted(range(len(w_bits)), key=lambda i: w_bits[i].data_ptr())
+    runs = [[order[0]]]
+    for i in order[1:]:
+        grown = runs[-1] + [i]
+        if packed_operands([w_bits[j] for j in grown], [w_scale_bits[j] for j in grown], swizzle) is not None:
+            runs[-1] = grown
+        else:
+            runs.append([i])
+    return runs
+
+
+_told: set[tuple] = set()
+
+
 def _mx_mm_packed(a_bits: torch.Tensor, w_bits: list[torch.Tensor], a_scale_bits: torch.Tensor,
                   w_scale_bits: list[torch.Tensor], fmt: str, swizzle: str, out_dtype: torch.dtype) -> torch.Tensor:
     packed = packed_operands(w_bits, w_scale_bits, swizzle)
     if packed is not None:
         return _mx_mm(a_bits, packed[0], a_scale_bits, packed[1], fmt, swizzle, None, out_dtype)
-    _log.debug("mx_linear_mm_packed: %d weights not back to back; one GEMM each", len(w_bits))
-    return torch.cat([_mx_mm(a_bits, w, a_scale_bits, s, fmt, swizzle, None, out_dtype)
-                      for w, s in zip(w_bits, w_scale_bits)], dim=1)
+    # Not back to back in call order: one GEMM per run of weights that are (in address order), the
+    # columns put back in call order by a copy.
+    runs = _address_runs(w_bits, w_scale_bits, swizzle)
+    shape_key = (tuple(tuple(w.shape) for w in w_bits), len(runs))
+    if shape_key not in _told:
+        _told.add(shape_key)
+        _log.info("mx_linear_mm_packed: %d sibling weights in %d runs of back-to-back memory: %d GEMMs and a "
+                  "copy (tilefly.mx.pack_sibling_weights packs them)", len(w_bits), len(runs), len(runs))
+    columns: dict[int, torch.Tensor] = {}
+    for run in runs:
+        ws, ss = [w_bits[i] for i in run], [w_scale_bits[i] for i in run]
+        both = packed_operands(ws, ss, swizzle) if len(run) > 1 else (ws[0], ss[0])
+        out = _mx_mm(a_bits, both[0], a_scale_bits, both[1], fmt, swizzle, None, out_dtype)
+        start = 0
+        for i in run:
+            columns[i] = out[:, start:start + w_bits[i].shape[0]]
+            start += w_bits[i].shape[0]
+    return torch.cat([columns[i] for i in range(len(w_bits))], dim=1)
 
 
 _PACKED_SCHEMA = ("(Tensor a_bits, Tensor[] w_bits, Tensor a_scale_bits, Tensor[] w_scale_bits, str fmt, "

@@ -31,6 +31,38 @@ def test_jobs_parse_and_bad_ones_are_named():
             fleet.parse_job(bad)
 
 
+def test_an_interrupted_fleet_stops_its_jobs(tmp_path):
+    started = []
+
+    class _Stuck(_Process):
+        def __init__(self):
+            super().__init__(polls=10 ** 9, rc=0)
+            self.stopped = False
+            started.append(self)
+
+        def terminate(self):
+            self.stopped = True
+
+        def wait(self):
+            return -15
+
+    def sleep_then_interrupt(seconds):
+        raise KeyboardInterrupt
+
+    jobs = [fleet.parse_job("bf16:8:A"), fleet.parse_job("bf16:8:B")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fleet.time, "sleep", sleep_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            fleet.run(jobs, _args(tmp_path), gpus=2, launch=lambda *a, **k: _Stuck())
+    assert len(started) == 2 and all(p.stopped for p in started)
+
+
+def test_the_same_job_twice_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        fleet.main(["--jobs", "bf16:8:A", "bf16:8:A", "--out", str(tmp_path), "--gpus", "1"])
+    assert "named twice" in capsys.readouterr().err
+
+
 def test_the_command_of_a_job(tmp_path):
     cmd = fleet.command(fleet.Job("bf16", 16, "A"), _args(tmp_path, extra=["--mx-swizzle", "none"]))
     assert cmd[1:] == ["-m", "tilefly.bench.e2e", "--model", "llama-3.1-8b", "--precision", "bf16", "--concurrency",
@@ -38,7 +70,9 @@ def test_the_command_of_a_job(tmp_path):
                        "--commit", "abc1234", "--mx-swizzle", "none"]
 
 
-def test_a_queue_over_two_gpus_and_a_deadline(tmp_path):
+def test_a_queue_over_two_gpus_and_a_deadline(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")      # the fleet's GPUs 0 and 1 are devices 4 and 5
+    (tmp_path / "run_llama-3.1-8b_mxfp8_c8_B.json").write_text("{}")   # an older run of a job about to run
     launched = []
     ends = {"bf16_c8_A": (2, 0), "bf16_c8_B": (0, 1), "mxfp8_c8_B": (1, 124), "mxfp8_c16_B": (0, 0)}
 
@@ -58,8 +92,9 @@ def test_a_queue_over_two_gpus_and_a_deadline(tmp_path):
     jobs = [fleet.parse_job(j) for j in ("bf16:8:A", "bf16:8:B", "mxfp8:8:B", "mxfp8:16:B")]
     outcome = fleet.run(jobs, _args(tmp_path, deadline=500), gpus=2, launch=launch, clock=clock, poll_s=0)
     # the first two start at once on GPUs 0 and 1, each limited to what the deadline leaves
-    assert launched[:2] == [("bf16_c8_A", "0", "290"), ("bf16_c8_B", "1", "290")]
-    assert launched[2] == ("mxfp8_c8_B", "1", "200")       # GPU 1 freed first, 200 s of the deadline left
+    assert launched[:2] == [("bf16_c8_A", "4", "290"), ("bf16_c8_B", "5", "290")]
+    assert launched[2] == ("mxfp8_c8_B", "5", "200")       # GPU 1 freed first, 200 s of the deadline left
+    assert not (tmp_path / "run_llama-3.1-8b_mxfp8_c8_B.json").exists()
     assert outcome == {"bf16_c8_A": "rc 0", "bf16_c8_B": "rc 1", "mxfp8_c8_B": "timed out",
                        "mxfp8_c16_B": "not started: 100 s left of the deadline"}
     assert (tmp_path / "log_bf16_c8_A.txt").exists()

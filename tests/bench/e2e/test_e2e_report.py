@@ -68,6 +68,18 @@ def test_a_later_one_side_run_keeps_the_other_side_of_the_row(parts):
     assert "speedup" not in report.merge([first, a_only])["runs"][0]["rows"][-1]
 
 
+def test_a_one_side_run_of_another_environment_or_an_error_keeps_rows_apart(parts):
+    first, _, _ = parts
+    elsewhere = _run("llama-3.1-8b", "bf16", [{"concurrency": 8, "B": _side(1500.0)}], "2026-12-01T03:00:00+00:00")
+    elsewhere.update(side="B", gpu="NVIDIA H100")
+    row = report.merge([first, elsewhere])["runs"][0]["rows"][0]
+    assert "A" not in row and "speedup" not in row           # another GPU's B is not paired with this A
+    failed = _run("llama-3.1-8b", "bf16", [{"concurrency": 8, "B": {"error": "OOM"}}], "2026-12-01T03:00:00+00:00")
+    failed["side"] = "B"
+    row = report.merge([first, failed])["runs"][0]["rows"][0]
+    assert row["A"]["tok_s"] == 1000.0 and row["B"]["tok_s"] == 1200.0   # the measured row stays
+
+
 def test_merge_notes_different_environments(parts):
     first, second, _ = parts
     second["commit"] = "b" * 40

@@ -62,39 +62,57 @@ def command(job: Job, args: argparse.Namespace) -> list[str]:
 def run(jobs: list[Job], args: argparse.Namespace, gpus: int,
         launch: Callable[..., subprocess.Popen] = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
         poll_s: float = 1.0) -> dict[str, str]:
-    """Each job's outcome ("rc 0", "rc N", "timed out", "not started: ..."), jobs in queue order."""
+    """Each job's outcome ("rc 0", "rc N", "timed out", "not started: ..."), jobs in queue order.
+    GPU i is the i-th device this process sees (its own CUDA_VISIBLE_DEVICES, if set, is honoured).
+    Jobs still running when this is interrupted are stopped."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     start = clock()
     queue = list(jobs)
-    running: dict[int, tuple[Job, subprocess.Popen, object]] = {}
+    running: dict[int, tuple[Job, subprocess.Popen, object, str]] = {}
     outcome: dict[str, str] = {}
-    while queue or running:
-        for gpu in range(gpus):
-            if gpu in running or not queue:
-                continue
-            left = args.deadline - (clock() - start) if args.deadline else None
-            job = queue.pop(0)
-            if left is not None and left < args.min_start:
-                outcome[job.name] = f"not started: {left:.0f} s left of the deadline"
-                continue
-            limit = args.timeout if left is None else min(args.timeout, int(left))
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}
-            log = open(os.path.join(args.out, f"log_{job.name}.txt"), "w")
-            proc = launch(["timeout", "--kill-after=10", str(limit), *command(job, args)], env=env, stdout=log,
-                          stderr=subprocess.STDOUT)
-            print(f"[fleet] GPU {gpu}: {job.name} ({limit} s)", flush=True)
-            running[gpu] = (job, proc, log)
-        for gpu, (job, proc, log) in list(running.items()):
-            rc = proc.poll()
-            if rc is None:
-                continue
+    try:
+        while queue or running:
+            for gpu in range(gpus):
+                if gpu in running or not queue:
+                    continue
+                left = args.deadline - (clock() - start) if args.deadline else None
+                job = queue.pop(0)
+                if left is not None and left < args.min_start:
+                    outcome[job.name] = f"not started: {left:.0f} s left of the deadline"
+                    continue
+                limit = args.timeout if left is None else min(args.timeout, int(left))
+                for stale in _run_files(job, args):    # a failed job must not leave an older run to merge
+                    if os.path.exists(stale):
+                        os.remove(stale)
+                device = visible[gpu] if gpu < len(visible) else str(gpu)
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}
+                log = open(os.path.join(args.out, f"log_{job.name}.txt"), "w")
+                proc = launch(["timeout", "--kill-after=10", str(limit), *command(job, args)], env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+                print(f"[fleet] GPU {device}: {job.name} ({limit} s)", flush=True)
+                running[gpu] = (job, proc, log, device)
+            for gpu, (job, proc, log, device) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                log.close()
+                outcome[job.name] = "timed out" if rc in (124, 137) else f"rc {rc}"
+                print(f"[fleet] GPU {device}: {job.name} ended, {outcome[job.name]}", flush=True)
+                _echo(os.path.join(args.out, f"log_{job.name}.txt"))
+                del running[gpu]
+            if running:
+                time.sleep(poll_s)
+    finally:
+        for job, proc, log, _ in running.values():   # interrupted: no job outlives the fleet
+            proc.terminate()
+            proc.wait()
             log.close()
-            outcome[job.name] = "timed out" if rc in (124, 137) else f"rc {rc}"
-            print(f"[fleet] GPU {gpu}: {job.name} ended, {outcome[job.name]}", flush=True)
-            _echo(os.path.join(args.out, f"log_{job.name}.txt"))
-            del running[gpu]
-        if running:
-            time.sleep(poll_s)
     return {job.name: outcome[job.name] for job in jobs}
+
+
+def _run_files(job: Job, args: argparse.Namespace) -> list[str]:
+    base = os.path.join(args.out, f"run_{args.model}_{job.precision}_c{job.concurrency}_{job.side}")
+    return [base + ".json", base + ".md"]
 
 
 def _echo(path: str) -> None:
@@ -130,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     gpus = args.gpus or gpu_count()
     if gpus < 1:
         p.error("no CUDA GPU to run on")
+    if len(set(args.jobs)) != len(args.jobs):
+        p.error("a job is named twice: each writes one run file and one log")
     outcome = run(args.jobs, args, gpus)
     for name, what in outcome.items():
         print(f"[fleet] {name}: {what}")
@@ -138,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     if files or args.merge_with:
         from tilefly.bench.e2e import report
 
-        merged = report.merge([report.load(f) for f in [*args.merge_with, *files]])
+        try:
+            merged = report.merge([report.load(f) for f in [*args.merge_with, *files]])
+        except ValueError as exc:     # e.g. a pair the merge refuses: the run files stay for a manual merge
+            print(f"[fleet] merge failed: {exc}")
+            return 1
         report.write_all(merged, os.path.join(args.out, "merged"))
         print(report.markdown(merged))
     return 0 if all(what == "rc 0" for what in outcome.values()) else 1

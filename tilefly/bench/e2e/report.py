@@ -55,11 +55,12 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         key = _key(run)
         meta = {k: v for k, v in run.items() if k not in ("rows", "source", "side")}
         target = grouped.setdefault(key, {**meta, "rows": {}})
+        earlier_env = _env(target)
         # the latest run's environment; a side-A-only run must not drop B's description
         target.update({**meta, "sides": {**target.get("sides", {}), **meta.get("sides", {})}})
         for row in run["rows"]:
             c = row["concurrency"]
-            target["rows"][c] = _carry_other_side(target["rows"].get(c), row, run.get("commit"))
+            target["rows"][c] = _carry_other_side(target["rows"].get(c), earlier_env, row, run)
     merged_runs = []
     for run in grouped.values():
         run["rows"] = [run["rows"][c] for c in sorted(run["rows"])]
@@ -69,25 +70,41 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "notes": [f"merged from runs with different environments: {envs}"] if len(envs) > 1 else []}
 
 
+def _env(run: dict[str, Any]) -> dict[str, Any]:
+    """What two sides of one row must share (split.MUST_MATCH: weights, lengths, torch, GPU, ...)."""
+    return {k: run.get(k) for k in split.MUST_MATCH}
+
+
 def _side_commit(row: dict[str, Any], side: str, run_commit: str | None) -> str | None:
     return row.get("commits", {}).get(side, row.get("commit", run_commit))
 
 
-def _carry_other_side(earlier: dict[str, Any] | None, row: dict[str, Any], commit: str | None) -> dict[str, Any]:
-    """``row`` (the later one) as it stands, or, when it measured one side only and ``earlier`` holds
-    the other, the two together: a side-B rerun must not drop the stock path's figure it is compared
-    with. Both sides' commits are named, and the logits stay uncompared (merged rows keep no record)."""
-    stamped = {**row, "commit": row.get("commit", commit)}
-    sides = [s for s in ("A", "B") if "tok_s" in row.get(s, {})]
+def _measured(row: dict[str, Any] | None) -> list[str]:
+    return [s for s in ("A", "B") if "tok_s" in (row or {}).get(s, {})]
+
+
+def _carry_other_side(earlier: dict[str, Any] | None, earlier_env: dict[str, Any], row: dict[str, Any],
+                      run: dict[str, Any]) -> dict[str, Any]:
+    """The row to keep for a concurrency, ``row`` being the later one. Usually ``row`` itself; but
+    when it measured one side only and ``earlier`` holds the other, measured in the same environment
+    (split.MUST_MATCH, each row keeping its own as ``env``) and on the same prompts, the two together:
+    a side-B rerun must not drop the stock path's figure it is compared with. Both sides' commits are
+    named, and the logits stay uncompared (merged rows keep no record). A later row that measured
+    nothing (an error) does not replace an earlier one that did."""
+    stamped = {**row, "commit": row.get("commit", run.get("commit")), "env": row.get("env", _env(run))}
+    sides = _measured(row)
+    if earlier is not None and _measured(earlier) and not sides:
+        return earlier
     if earlier is None or len(sides) != 1:
         return stamped
     side = sides[0]
     other = "B" if side == "A" else "A"
-    if "tok_s" not in earlier.get(other, {}) or earlier.get("prompts_sha") != row.get("prompts_sha"):
+    same = earlier.get("env", earlier_env) == stamped["env"] and earlier.get("prompts_sha") == row.get("prompts_sha")
+    if other not in _measured(earlier) or not same:
         return stamped
     both = {k: v for k, v in stamped.items() if k not in ("note", "agreement", "speedup")}
     both[other] = earlier[other]
-    both["commits"] = {other: _side_commit(earlier, other, None), side: _side_commit(stamped, side, commit)}
+    both["commits"] = {other: _side_commit(earlier, other, None), side: _side_commit(stamped, side, None)}
     both["speedup"] = both["B"]["tok_s"] / both["A"]["tok_s"]
     both["note"] = f"{other} carried over from an earlier merge; logits not compared"
     return both
