@@ -25,44 +25,27 @@ import tilefly.mx.quant_op  # noqa: F401 - registers tilefly::mx_quantize_rows
 from tilefly.mx import siblings
 
 _lock = threading.Lock()
-_VIEWS = {torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default}
-
-
-def _value_key(arg):
-    """A hashable stand-in for ``arg`` equal for equal values: each projection flattens its activation
-    with a view of its own (MXLinear's reshape), so views of one tensor to one shape count as one."""
-    if isinstance(arg, torch.fx.Node):
-        if arg.op == "call_function" and arg.target in _VIEWS:
-            return ("view", _value_key(arg.args), _value_key(tuple(sorted(arg.kwargs.items()))))
-        return arg
-    if isinstance(arg, (list, tuple)):
-        return tuple(_value_key(a) for a in arg)
-    return arg
 
 
 class SharedQuantization(CustomGraphPass):
-    """Keeps the first ``mx_quantize_rows`` node of each (args, kwargs), views of one tensor to one
-    shape counting as one argument, and points later ones' users at it; packs sibling GEMMs
-    (``pack_sibling_gemms``); then runs ``then``, the pass it displaced (if any)."""
+    """Keeps the first ``mx_quantize_rows`` node of each value (``_value_numbers``: views of one tensor
+    to one shape, or any pure ops of equal inputs, count as one argument) and points later ones' users
+    at it; packs sibling GEMMs (``pack_sibling_gemms``); then runs ``then``, the pass it displaced (if any)."""
 
     def __init__(self, then=None):
         self.then = then
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         target = torch.ops.tilefly.mx_quantize_rows.default
+        numbers = _value_numbers(graph)
         first: dict[tuple, torch.fx.Node] = {}
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not target:
-                continue
-            key = (_value_key(node.args), _value_key(tuple(sorted(node.kwargs.items()))))
-            try:
-                kept = first.setdefault(key, node)
-            except TypeError:   # an argument that does not hash: leave the call as it is
-                continue
-            if kept is not node:
-                node.replace_all_uses_with(kept)
-                graph.erase_node(node)
-        pack_sibling_gemms(graph)
+            if node.op == "call_function" and node.target is target:
+                kept = first.setdefault(numbers[node], node)
+                if kept is not node:
+                    node.replace_all_uses_with(kept)
+                    graph.erase_node(node)
+        pack_sibling_gemms(graph, numbers)   # numbers still hold: a kept call has its twins' number
         if self.then is not None:
             self.then(graph)
 
@@ -79,7 +62,7 @@ class SharedQuantization(CustomGraphPass):
 
 def _pure(target) -> bool:
     """An op whose output depends only on its arguments: two calls of it on equal arguments are equal."""
-    if target is operator.getitem:
+    if target is operator.getitem or target is torch.ops.tilefly.mx_quantize_rows.default:
         return True
     return (isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")
             and not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags)
@@ -87,9 +70,9 @@ def _pure(target) -> bool:
 
 def _value_numbers(graph: torch.fx.Graph) -> dict[torch.fx.Node, tuple]:
     """A number per node, equal for nodes that compute one value from the same inputs through pure
-    ATen/prims ops (views, getitem of one tuple, the 32_4_4 layout's rearrangement, and on CPU the
-    quantization's own ops): each projection derives its operands from the shared activation with
-    nodes of its own. Value numbering, one pass in graph order."""
+    ATen/prims ops or the MX quantization (views, getitem of one tuple, the 32_4_4 layout's
+    rearrangement, and on CPU the quantization's own ops): each projection derives its operands from
+    the shared activation with nodes of its own. Value numbering, one pass in graph order."""
     numbers: dict[torch.fx.Node, tuple] = {}
     table: dict[tuple, tuple] = {}
 
@@ -123,14 +106,14 @@ def _rows(node) -> int | None:
     return val.shape[0] if isinstance(val, torch.Tensor) and isinstance(val.shape[0], int) else None
 
 
-def pack_sibling_gemms(graph: torch.fx.Graph) -> int:
+def pack_sibling_gemms(graph: torch.fx.Graph, numbers: dict[torch.fx.Node, tuple] | None = None) -> int:
     """Replace each set of ``mx_linear_mm`` calls sharing one quantized activation (module docstring)
     by one ``mx_linear_mm_packed`` call and column slices of its output; returns how many sets. A set
     needs its weights' row counts (their nodes' fake values) and every weight defined before its
     first call."""
     single, packed_op = torch.ops.tilefly.mx_linear_mm.default, torch.ops.tilefly.mx_linear_mm_packed.default
     order = {node: i for i, node in enumerate(graph.nodes)}
-    numbers = _value_numbers(graph)
+    numbers = _value_numbers(graph) if numbers is None else numbers
     sets: dict[tuple, list[torch.fx.Node]] = {}
     for node in graph.nodes:
         if node.op != "call_function" or node.target is not single:

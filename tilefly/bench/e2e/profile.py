@@ -25,7 +25,7 @@ import torch
 # functions, cuBLAS's nvjet/cutlass/xmma, Inductor's triton_poi/red/per/tem, FlashAttention's flash_*).
 FAMILIES = (
     ("tilefly GEMM", re.compile(r"^(gemm_|mx_gemm|mx_upcast|mx_rescale|mx_requant|grouped_gemm)")),
-    ("tilefly attention", re.compile(r"^(attention_|decode_split_kernel|decode_combine_kernel)")),
+    ("tilefly attention", re.compile(r"^(attention_|decode_split_kernel)")),
     ("tilefly other", re.compile(r"^(rms_norm_|topk_|mx_quantize_kernel)")),
     ("cuBLAS / CUTLASS GEMM", re.compile(r"nvjet|cutlass|xmma|gemm|gemv|splitKreduce", re.IGNORECASE)),
     ("Triton template (Inductor)", re.compile(r"^triton_tem")),

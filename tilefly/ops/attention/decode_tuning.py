@@ -32,6 +32,7 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from tilefly.bench.results import geomean
 from tilefly.tuning import db as tdb
 
 FAMILY = "attention_decode"
@@ -72,16 +73,11 @@ def entries_from_probe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for shape, by_config in sorted(times.items()):
         valid = set(sdpa[shape])
         complete = {c: t for c, t in by_config.items() if set(t) == valid}
-        best = min(complete, key=lambda c: _geomean(complete[c].values()))
+        best = min(complete, key=lambda c: geomean(complete[c].values()))
         entries.append(dict(zip(("rows", "head_dim", "programs", "keys"), shape), **dict(zip(KNOBS, best)),
-                            us=round(_geomean(complete[best].values()), 2),
-                            sdpa_us=round(_geomean(sdpa[shape].values()), 2)))
+                            us=round(geomean(complete[best].values()), 2),
+                            sdpa_us=round(geomean(sdpa[shape].values()), 2)))
     return entries
-
-
-def _geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def nearest(entries, programs: int, keys: int) -> dict[str, Any]:
