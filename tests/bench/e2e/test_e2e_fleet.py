@@ -100,6 +100,13 @@ def test_a_queue_over_two_gpus_and_a_deadline(tmp_path, monkeypatch):
     assert (tmp_path / "log_bf16_c8_A.txt").exists()
 
 
+def test_a_job_runs_until_the_deadline_unless_capped():
+    assert fleet.job_limit(None, 430.7) == 430           # no cap: what the deadline leaves
+    assert fleet.job_limit(290, 430.7) == 290 and fleet.job_limit(500, 430.7) == 430
+    assert fleet.job_limit(300, None) == 300
+    assert fleet.job_limit(None, None) == fleet.NO_DEADLINE_TIMEOUT
+
+
 def test_tiny_fleet_on_cpu_runs_real_processes_and_pairs_them(tmp_path):
     """The whole path, subprocesses and merge, with the e2e CLI's CPU dry run (eager, tiny lengths)."""
     import json

@@ -8,8 +8,10 @@ not share a GPU, so each is timed as if alone; this runs a queue of them, one pr
     python -m tilefly.bench.e2e.fleet --model llama-3.1-8b --jobs bf16:16:A bf16:16:B mxfp8:8:B \
         --deadline 560 --profile 8 --commit SHA --out DIR
 
-A job is ``PRECISION:CONCURRENCY:SIDE``. Each gets ``--timeout`` seconds, cut to what is left of
-``--deadline`` (counted from the start; a job is not started with less than ``--min-start`` left).
+A job is ``PRECISION:CONCURRENCY:SIDE``. Each may run until ``--deadline`` (counted from the start; a
+job is not started with less than ``--min-start`` left), or ``--timeout`` seconds if that is less (without
+a deadline, ``--timeout`` or NO_DEADLINE_TIMEOUT). A stock MX side (A) spends 210-230 s compiling on the
+H200, and a 290-second cap per job cut one off before it finished (session 32).
 Each process writes its run file into ``--out`` and its output into ``log_<job>.txt`` there; the
 fleet prints each job's ``[e2e]`` lines and, at the end, merges every run file of ``--out`` (and
 ``--merge-with`` files) into ``--out/merged``. Sides of one pair may run on different GPUs of one
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tilefly.bench.e2e import models
+
+NO_DEADLINE_TIMEOUT = 600    # a job's limit when neither --timeout nor --deadline is given
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def run(jobs: list[Job], args: argparse.Namespace, gpus: int,
                 if left is not None and left < args.min_start:
                     outcome[job.name] = f"not started: {left:.0f} s left of the deadline"
                     continue
-                limit = args.timeout if left is None else min(args.timeout, int(left))
+                limit = job_limit(args.timeout, left)
                 for stale in _run_files(job, args):    # a failed job must not leave an older run to merge
                     if os.path.exists(stale):
                         os.remove(stale)
@@ -110,6 +114,12 @@ def run(jobs: list[Job], args: argparse.Namespace, gpus: int,
     return {job.name: outcome[job.name] for job in jobs}
 
 
+def job_limit(timeout: int | None, left: float | None) -> int:
+    """Seconds a job starting now may run: the least of --timeout and what the deadline leaves."""
+    limits = [int(x) for x in (timeout, left) if x is not None]
+    return min(limits) if limits else NO_DEADLINE_TIMEOUT
+
+
 def _run_files(job: Job, args: argparse.Namespace) -> list[str]:
     base = os.path.join(args.out, f"run_{args.model}_{job.precision}_c{job.concurrency}_{job.side}")
     return [base + ".json", base + ".md"]
@@ -135,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=parse_job, nargs="+", required=True, metavar="PRECISION:CONCURRENCY:SIDE")
     p.add_argument("--out", required=True)
     p.add_argument("--gpus", type=int, help="GPUs to use (default: all that CUDA sees)")
-    p.add_argument("--timeout", type=int, default=290, help="seconds a job may run")
+    p.add_argument("--timeout", type=int, help="seconds a job may run at most (default: until the deadline, "
+                                               f"or {NO_DEADLINE_TIMEOUT} s without one)")
     p.add_argument("--deadline", type=int, help="seconds from the start after which no job runs on")
     p.add_argument("--min-start", type=int, default=120, help="start no job with fewer seconds left")
     p.add_argument("--profile", type=int, default=0, help="decode steps to profile after each side's timing")
