@@ -369,6 +369,41 @@ def _unpack_asm(word, lut0, lut1):
     return results
 
 
+def _unpack_shifted_asm(word):
+    """kernels_v2._UNPACK_SHIFTED_ASM, instruction by instruction, on one 32-bit register."""
+    m = 0xFFFFFFFF
+    lo = (((word << 2) & m) & 0x1C1C1C1C) | (((word << 4) & m) & 0x80808080)
+    hi = ((word >> 2) & 0x1C1C1C1C) | (word & 0x80808080)
+    return lo, hi
+
+
+def _check_shifted_asm_text(asm):
+    """The emulation above is of this program: the same instructions in the same order."""
+    body = [line.strip() for line in asm.strip("{}\n").splitlines() if line.strip() and not line.startswith(".reg")]
+    assert body == ["shl.b32 mag, $2, 2;", "and.b32 mag, mag, 0x1C1C1C1C;", "shl.b32 sgn, $2, 4;",
+                    "and.b32 sgn, sgn, 0x80808080;", "or.b32 $0, mag, sgn;", "shr.u32 mag, $2, 2;",
+                    "and.b32 mag, mag, 0x1C1C1C1C;", "and.b32 sgn, $2, 0x80808080;", "or.b32 $1, mag, sgn;"]
+
+
+def test_shifted_fp4_unpack_gives_the_e4m3_of_each_nibble_times_2_to_the_minus_6():
+    kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
+    _check_shifted_asm_text(kernels_v2._UNPACK_SHIFTED_ASM.value)
+    assert kernels_v2.SHIFTED_PRODUCT_EXP.value == 12
+    want = torch.tensor(mx.FP4_VALUES + tuple(-v for v in mx.FP4_VALUES)) * 2.0 ** -6    # E2M1 codes 0..15
+    g = torch.Generator().manual_seed(5)
+    words = [int(w) for w in torch.randint(0, 2 ** 32, (64,), generator=g, dtype=torch.int64)]
+    words += [0x76543210, 0xFEDCBA98, 0x01234567, 0x89ABCDEF, 0, 0xFFFFFFFF, 0x88888888]  # every code, -0
+    for word in words:
+        lo, hi = _unpack_shifted_asm(word)
+        packed = torch.tensor([(word >> (8 * i)) & 0xFF for i in range(4)])
+        got_lo = torch.tensor([(lo >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8).view(torch.float8_e4m3fn)
+        got_hi = torch.tensor([(hi >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8).view(torch.float8_e4m3fn)
+        assert torch.equal(got_lo.float(), want[packed & 15]) and torch.equal(got_hi.float(), want[packed >> 4])
+        # the sign survives on zero too: -0 stays -0, as the table's bytes do
+        assert torch.equal(got_lo.float().signbit(), want[packed & 15].signbit())
+        assert torch.equal(got_hi.float().signbit(), want[packed >> 4].signbit())
+
+
 def test_prmt_fp4_unpack_gives_the_e4m3_of_each_nibble():
     kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
     want = torch.tensor(mx.FP4_VALUES + tuple(-v for v in mx.FP4_VALUES))       # E2M1 codes 0..15

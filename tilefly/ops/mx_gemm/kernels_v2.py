@@ -15,11 +15,12 @@ stacked along M for BLOCK_M = 128):
                     s + STAGES once the last wgmma (MXFP4: the unpack) reading it is done.
     FP4 unpack      MXFP4 only, once per slot for both operands: a thread reads 16 packed bytes
                     (4 threads a 64-byte row, 8 rows a warp), turns each E2M1 nibble into the
-                    E4M3 byte of the same value (every E2M1 value is exact in E4M3) with a PRMT
-                    table lookup on 4 packed bytes at a time (``_UNPACK_ASM``) and stores 32 FP8
-                    bytes into an unpacked [rows, 128] buffer (128-byte swizzle). Two unpacked
-                    buffers alternate by slot parity: slot s+1 is unpacked while the wgmmas of
-                    slot s still read the other one.
+                    E4M3 byte of its value times 2^-6 by moving its bits into place (seven integer
+                    ops for 8 values, ``_UNPACK_SHIFTED_ASM``) and stores 32 FP8 bytes into an
+                    unpacked [rows, 128] buffer (128-byte swizzle). Every product of the wgmma is
+                    then 2^-12 of the true one, exactly, and ``add_block`` scales it back
+                    (``SHIFTED_PRODUCT_EXP``). Two unpacked buffers alternate by slot parity: slot
+                    s+1 is unpacked while the wgmmas of slot s still read the other one.
     MMA             one async FP8 wgmma per scale block (K = 32, one instruction) on a 32-byte
                     K slice of the slot, into a fresh FP32 partial (use_acc=False). Block j+1 is
                     issued before block j's partial is waited for (``warpgroup_mma_wait(1)``), so
@@ -108,7 +109,8 @@ E4M3_OF_E2M1_HI = 0x4C484440
 # their high nibbles ($1). Per nibble set: mask the 3-bit magnitude codes into the low bits of each
 # byte, fold bytes (0,1) and (2,3) into the four selector nibbles of one PRMT, look the four
 # magnitudes up in the table, and OR in the sign (nibble bit 3 -> byte bit 7). 17 instructions
-# for 8 values, against ~10 integer ops a value for the arithmetic formula.
+# for 8 values, against ~10 integer ops a value for the arithmetic formula of the exact value
+# (``_UNPACK_SHIFTED_ASM`` below gives the value times 2^-6 in seven ops for 8 values).
 def unpack_ptx(lut_lo: str, lut_hi: str) -> str:
     """The unpack's instructions with the table's low and high words in registers ``lut_lo`` and
     ``lut_hi``, declared by the caller (kernels_v4 passes per-row tables as operands)."""
@@ -136,11 +138,36 @@ _UNPACK_ASM = gl.constexpr("{\n.reg .b32 lut0, lut1, code, fold, sel, mag, sgn;\
                            + unpack_ptx("lut0", "lut1") + "}")
 
 
+# Four packed bytes -> the E4M3 bytes of their nibbles' values times 2^-6, low nibbles ($0) and high
+# nibbles ($1). A nibble's sign goes to bit 7 and its magnitude bits e1 e0 m to bits 4..2: the E4M3
+# exponent field then holds e (0..3) and the mantissa's top bit m, so the byte's value is
+# 2^(e - 7) * (1 + m/2), the E2M1 value 2^(e - 1) * (1 + m/2) times 2^-6; for e = 0 it is the E4M3
+# subnormal m * 2^-7, E2M1's m * 0.5 times 2^-6. Seven instructions for 8 values, against the table
+# lookup's 17 (``_UNPACK_ASM``, what v3 and v4's folded slots use for exact values). The bytes of a
+# word move across byte lanes in the shifts, but each mask keeps only bits that came from the byte's
+# own nibble.
+_UNPACK_SHIFTED_ASM = gl.constexpr("""{
+.reg .b32 mag, sgn;
+shl.b32 mag, $2, 2;
+and.b32 mag, mag, 0x1C1C1C1C;
+shl.b32 sgn, $2, 4;
+and.b32 sgn, sgn, 0x80808080;
+or.b32 $0, mag, sgn;
+shr.u32 mag, $2, 2;
+and.b32 mag, mag, 0x1C1C1C1C;
+and.b32 sgn, $2, 0x80808080;
+or.b32 $1, mag, sgn;
+}""")
+SHIFTED_PRODUCT_EXP = gl.constexpr(12)   # a product of two shifted-unpacked operands is 2^-12 of the true one
+
+
 @gluon.jit
 def unpack_fp4_slot(packed, unpacked, ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """Packed E2M1 slot [ROWS, 64] (even K in the low nibble) -> FP8 E4M3 tile [ROWS, 128]."""
+    """Packed E2M1 slot [ROWS, 64] (even K in the low nibble) -> FP8 E4M3 tile [ROWS, 128] of the
+    values times 2^-6 (``_UNPACK_SHIFTED_ASM``): wgmmas over two such tiles need ``add_block``'s
+    ``PRODUCT_EXP`` = SHIFTED_PRODUCT_EXP."""
     bytes_ = packed.load(packed_layout(num_warps))
-    lo, hi = gl.inline_asm_elementwise(_UNPACK_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
+    lo, hi = gl.inline_asm_elementwise(_UNPACK_SHIFTED_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
                                        is_pure=True, pack=4)
     values = gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (low, high) = (k even, k odd)
     unpacked.store(values.to(gl.float8e4nv, bitcast=True))
@@ -155,20 +182,29 @@ def block_operands(x_tiles, y_tiles, j: gl.constexpr):
 
 
 @gluon.jit
-def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, plain):
-    """acc + partial scaled by block j's row and column scales. ``plain`` (staged scales, every byte
-    of both operands within 2^+-MODERATE_EXP, none NaN): ``add_scaled_fast``'s two FP32 ops with the
-    scales decoded in two integer ops each and no K-tail check (staging already set those bytes to
-    127), about half the instructions of the general path."""
+def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, plain, PRODUCT_EXP: gl.constexpr):
+    """acc + partial * 2^PRODUCT_EXP scaled by block j's row and column scales (PRODUCT_EXP: 0, or
+    SHIFTED_PRODUCT_EXP when both operands were unpacked by ``unpack_fp4_slot``; either way the
+    result is that of the true products, bit for bit, since only powers of two change). ``plain``
+    (staged scales, every byte of both operands within 2^+-MODERATE_EXP, none NaN):
+    ``add_scaled_fast``'s two FP32 ops with the scales decoded in two integer ops each and no K-tail
+    check (staging already set those bytes to 127), about half the instructions of the general path;
+    PRODUCT_EXP then goes into the row scale's exponent field (at most 227 + 12 there)."""
     if plain:
-        acc = gl.fma(partial * exponent_scale(wx, j)[:, None], exponent_scale(wy, j)[None, :], acc)
+        fx = exponent_scale(wx, j)
+        if PRODUCT_EXP != 0:
+            fx = (fx.to(gl.int32, bitcast=True) + (PRODUCT_EXP << 23)).to(gl.float32, bitcast=True)
+        acc = gl.fma(partial * fx[:, None], exponent_scale(wy, j)[None, :], acc)
     else:
+        if PRODUCT_EXP != 0:
+            partial = partial * (1 << PRODUCT_EXP)     # a power of two: exact
         acc = add_scaled_any(acc, partial, word_byte(wx, j, kb, k_blocks), word_byte(wy, j, kb, k_blocks), moderate)
     return acc
 
 
 @gluon.jit
-def slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain):
+def slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain,
+                       PRODUCT_EXP: gl.constexpr):
     """A slot's first three K-blocks: one async FP8 wgmma each into a fresh partial (even, odd,
     even), block j + 1 issued before block j is scaled into ``acc``. Block 3's wgmma is left in
     flight: ``slot_block_3`` retires and scales it (MXFP4 unpacks the next slot in between)."""
@@ -177,23 +213,23 @@ def slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, 
     x_op, y_op = block_operands(x_tiles, y_tiles, 1)
     odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain)
+    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
     x_op, y_op = block_operands(x_tiles, y_tiles, 2)
     even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
     odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
-    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain)
+    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, PRODUCT_EXP)
     x_op, y_op = block_operands(x_tiles, y_tiles, 3)
     odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain)
+    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, PRODUCT_EXP)
     return acc, even, odd
 
 
 @gluon.jit
-def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain):
+def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP: gl.constexpr):
     """Retire the slot's last wgmma (the slot drains: see the loop) and scale block 3 into ``acc``."""
     odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-    acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain)
+    acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain, PRODUCT_EXP)
     return acc, odd
 
 
@@ -211,6 +247,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
     STAGED: gl.constexpr = SCALE_SLOTS > 0
+    PRODUCT_EXP: gl.constexpr = SHIFTED_PRODUCT_EXP if FP4 else 0
     PREFETCH_SCALES: gl.constexpr = X_WORDS and Y_WORDS and not STAGED
     tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
     k_blocks = K // SCALE_BLOCK
@@ -288,7 +325,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         # while its registers are read later, so each slot drains: blocks 0-2 are scaled while
         # the next block runs, block 3 while (MXFP4) the next slot is unpacked.
         acc, even, odd = slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
-                                            plain)
+                                            plain, PRODUCT_EXP)
         if FP4:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
@@ -296,7 +333,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                 unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
                 unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
                 fence_async_shared()
-        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain)
+        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,

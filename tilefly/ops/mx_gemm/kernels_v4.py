@@ -27,7 +27,8 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
                     viewed as [rows, 4 blocks, 16]); folded slots look its nibbles up in the E4M3
                     table of the eight E2M1 magnitudes with every nonzero entry's exponent field
                     lowered by e_max - e (``folded_tables``: two integer ops per row and block, the
-                    PRMT program ``_UNPACK_TABLE_ASM`` then as v2's), other slots in v2's table.
+                    PRMT program ``_UNPACK_TABLE_ASM``, v2's table lookup), other slots as v2's
+                    (``unpack_fp4_slot``: values times 2^-6, made good in ``add_block``).
     MMA             folded slot: four async FP8 wgmmas (one a K-block) chained into one FP32 partial,
                     retired, then ``add_slot`` (one FMA and one multiply an element: v2's plain decode
                     of the slot's largest scale bytes when the program's scales are all moderate, else
@@ -69,8 +70,9 @@ from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, block_operands,
-                                            slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot, unpack_ptx)
+from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, SHIFTED_PRODUCT_EXP,
+                                            block_operands, slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot,
+                                            unpack_ptx)
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, load_program_scales,
                                         program_scale_paths, stage_words)
 
@@ -295,8 +297,8 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             fence_async_shared()
             gl.thread_barrier()
             acc, even, odd = slot_blocks_0_to_2(x_fp8, y_fp8, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
-                                                plain)
-            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain)
+                                                plain, SHIFTED_PRODUCT_EXP)
+            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, SHIFTED_PRODUCT_EXP)
         # Both paths retired every wgmma and read the ring slot during the unpack: refill it.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
