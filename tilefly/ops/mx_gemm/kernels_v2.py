@@ -17,7 +17,9 @@ stacked along M for BLOCK_M = 128):
                     (4 threads a 64-byte row, 8 rows a warp), turns each E2M1 nibble into the
                     E4M3 byte of its value times 2^-6 by moving its bits into place (seven integer
                     ops for 8 values, ``_UNPACK_SHIFTED_ASM``) and stores 32 FP8 bytes into an
-                    unpacked [rows, 128] buffer (128-byte swizzle). Every product of the wgmma is
+                    unpacked [rows, 128] buffer (128-byte swizzle), each K-block's even K first,
+                    then its odd K (no byte shuffles; both operands permuted alike inside each
+                    block, so every block's dot product is unchanged). Every product of the wgmma is
                     then 2^-12 of the true one, exactly, and ``add_block`` scales it back
                     (``SHIFTED_PRODUCT_EXP``). Two unpacked buffers alternate by slot parity: slot
                     s+1 is unpacked while the wgmmas of slot s still read the other one.
@@ -169,7 +171,12 @@ def unpack_fp4_slot(packed, unpacked, ROWS: gl.constexpr, num_warps: gl.constexp
     bytes_ = packed.load(packed_layout(num_warps))
     lo, hi = gl.inline_asm_elementwise(_UNPACK_SHIFTED_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
                                        is_pure=True, pack=4)
-    values = gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (low, high) = (k even, k odd)
+    # Each K-block's 16 even-K values, then its 16 odd-K ones: a thread's 16 packed bytes are one
+    # K-block, so this order needs no byte shuffles, and it permutes K only inside a block, the same
+    # way in both operands, which the block's dot product does not see.
+    lo = gl.reshape(lo, [ROWS, BLOCKS_PER_SLOT, SCALE_BLOCK // 2])
+    hi = gl.reshape(hi, [ROWS, BLOCKS_PER_SLOT, SCALE_BLOCK // 2])
+    values = gl.reshape(gl.permute(gl.join(lo, hi), (0, 1, 3, 2)), [ROWS, BLOCK_K])
     unpacked.store(values.to(gl.float8e4nv, bitcast=True))
 
 
