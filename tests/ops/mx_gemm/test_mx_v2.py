@@ -404,6 +404,20 @@ def test_shifted_fp4_unpack_gives_the_e4m3_of_each_nibble_times_2_to_the_minus_6
         assert torch.equal(got_hi.float().signbit(), want[packed >> 4].signbit())
 
 
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_the_unpack_spreads_a_short_tile_over_the_cta_instead_of_replicating_it(num_warps):
+    kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
+    for rows in (8, 16, 32, 64, 128):
+        layout = kernels_v2.packed_layout(num_warps, rows)
+        per_thread = layout.size_per_thread[1]
+        assert per_thread in (4, 8, 16) and per_thread * layout.threads_per_warp[1] == 64
+        covered = layout.threads_per_warp[0] * layout.warps_per_cta[0]
+        # no replication unless a thread is already down to one 32-bit word
+        assert covered <= rows or per_thread == 4, (rows, layout)
+        assert per_thread == 16 or covered == rows or per_thread == 4
+    assert kernels_v2.packed_layout(num_warps).size_per_thread == [1, 16]
+
+
 def test_prmt_fp4_unpack_gives_the_e4m3_of_each_nibble():
     kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
     want = torch.tensor(mx.FP4_VALUES + tuple(-v for v in mx.FP4_VALUES))       # E2M1 codes 0..15

@@ -96,10 +96,16 @@ _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bi
 
 
 @gluon.constexpr_function
-def packed_layout(num_warps):
-    """16 packed bytes a thread, 4 threads a 64-byte row, 8 rows a warp (tiles of fewer rows
-    than the CTA covers are replicated: every copy stores the same bytes)."""
-    return gl.BlockedLayout([1, 16], [8, 4], [num_warps, 1], [1, 0])
+def packed_layout(num_warps, rows=None):
+    """16 packed bytes a thread, 4 threads a 64-byte row, 8 rows a warp. A tile of ``rows`` fewer
+    than that covers (the token side at 8 or 16 tokens) is spread instead, 64 * rows / threads bytes
+    a thread (at least 4), rather than replicated in every warp."""
+    per_thread = 16
+    if rows is not None:
+        while per_thread > 4 and rows * 64 < per_thread * 32 * num_warps:
+            per_thread //= 2
+    row_threads = 64 // per_thread
+    return gl.BlockedLayout([1, per_thread], [32 // row_threads, row_threads], [num_warps, 1], [1, 0])
 
 
 # E4M3 bytes of the E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7; v1's fp4_to_e4m3_bits),
@@ -168,7 +174,7 @@ def unpack_fp4_slot(packed, unpacked, ROWS: gl.constexpr, num_warps: gl.constexp
     """Packed E2M1 slot [ROWS, 64] (even K in the low nibble) -> FP8 E4M3 tile [ROWS, 128] of the
     values times 2^-6 (``_UNPACK_SHIFTED_ASM``): wgmmas over two such tiles need ``add_block``'s
     ``PRODUCT_EXP`` = SHIFTED_PRODUCT_EXP."""
-    bytes_ = packed.load(packed_layout(num_warps))
+    bytes_ = packed.load(packed_layout(num_warps, ROWS))
     lo, hi = gl.inline_asm_elementwise(_UNPACK_SHIFTED_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
                                        is_pure=True, pack=4)
     # Each K-block's 16 even-K values, then its 16 odd-K ones: a thread's 16 packed bytes are one
