@@ -19,9 +19,9 @@ stacked along M for BLOCK_M = 128):
                     ops for 8 values, ``_UNPACK_SHIFTED_ASM``) and stores 32 FP8 bytes into an
                     unpacked [rows, 128] buffer (128-byte swizzle), each K-block's even K first,
                     then its odd K (no byte shuffles; both operands permuted alike inside each
-                    block, so every block's dot product is unchanged). Every product of the wgmma is
-                    then 2^-12 of the true one, exactly, and ``add_block`` scales it back
-                    (``SHIFTED_PRODUCT_EXP``). Two unpacked buffers alternate by slot parity: slot
+                    block, so every block's dot product is the same sum, its terms in another order
+                    inside the wgmma). Every product of the wgmma is then 2^-12 of the true one,
+                    exactly, and ``add_block`` scales it back (``SHIFTED_PRODUCT_EXP``). Two unpacked buffers alternate by slot parity: slot
                     s+1 is unpacked while the wgmmas of slot s still read the other one.
     MMA             one async FP8 wgmma per scale block (K = 32, one instruction) on a 32-byte
                     K slice of the slot, into a fresh FP32 partial (use_acc=False). Block j+1 is
@@ -197,8 +197,8 @@ def block_operands(x_tiles, y_tiles, j: gl.constexpr):
 @gluon.jit
 def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, plain, PRODUCT_EXP: gl.constexpr):
     """acc + partial * 2^PRODUCT_EXP scaled by block j's row and column scales (PRODUCT_EXP: 0, or
-    SHIFTED_PRODUCT_EXP when both operands were unpacked by ``unpack_fp4_slot``; either way the
-    result is that of the true products, bit for bit, since only powers of two change). ``plain``
+    SHIFTED_PRODUCT_EXP when both operands were unpacked by ``unpack_fp4_slot``; the factor is a power
+    of two, so the scaled partial is what the unshifted operands give, exactly). ``plain``
     (staged scales, every byte of both operands within 2^+-MODERATE_EXP, none NaN):
     ``add_scaled_fast``'s two FP32 ops with the scales decoded in two integer ops each and no K-tail
     check (staging already set those bytes to 127), about half the instructions of the general path;
