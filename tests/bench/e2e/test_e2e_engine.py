@@ -35,6 +35,20 @@ def test_cached_generation_matches_full_recompute(fp32_model):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"step {step}")
 
 
+@pytest.mark.parametrize("attention", ["grouped", "hf"])
+def test_qwen3_attention_with_eight_query_rows_a_head_matches_full_recompute(attention):
+    """Qwen3-32B's layout (8 query heads a KV head, q/k norms) through the engine's cache, both
+    attention implementations, against the uncached reference."""
+    model = models.build_model("tiny-qwen3", dtype=torch.float32, seed=0, attention=attention)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    prompts = _prompts(3, seed=4)
+    out = _engine(model, 3).generate(prompts, capture=OUTPUT_LEN)
+    ref_tokens, ref_logits = engine.reference_generate(model, prompts, OUTPUT_LEN)
+    assert torch.equal(out.tokens, ref_tokens)
+    for step, (got, want) in enumerate(zip(out.logits, ref_logits)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"step {step}")
+
+
 def test_prompt_tokens_reach_the_logits(fp32_model):
     """Changing the first prompt token changes the first output logits: the cache holds the
     whole prompt (a cache that kept only the last token would pass the other checks less often)."""

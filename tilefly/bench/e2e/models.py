@@ -44,6 +44,10 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("tiny", "llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
                   rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=2048),
+        # Qwen3's attention (q/k norms) with Qwen3-32B's 8 query heads a KV head, for smoke tests
+        ModelSpec("tiny-qwen3", "qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=1, head_dim=16, vocab_size=256,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=2048),
         # meta-llama/Llama-3.1-8B config.json
         ModelSpec("llama-3.1-8b", "llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
