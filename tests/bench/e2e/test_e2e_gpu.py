@@ -41,6 +41,25 @@ def test_tiny_compiled_ab_agrees(precision):
 
 
 @pytest.mark.cuda
+def test_tiny_qwen3_compiled_ab_agrees_with_decode_attention_on(monkeypatch):
+    """Qwen3's layout (8 query heads a KV head, q/k norms) through the grouped decode step, side B with
+    tilefly's decode attention forced on (``auto`` knows no head dim 16): compiled, one CUDA graph,
+    A and B logits within BF16's tolerance, and B's profile shows tilefly's attention."""
+    from tilefly import config
+
+    monkeypatch.setattr(config, "attention_decode", "on")
+    record = ab.run_ab("tiny-qwen3", "bf16", [8], input_len=32, output_len=16, device="cuda",
+                       compile_mode="max-autotune", compare_steps=4, compile_prefill=False, profile_steps=4)
+    (row,) = record["rows"]
+    for side in ("A", "B"):
+        assert "error" not in row[side], row[side]
+        assert row[side]["cudagraph_skips"] == 0 and row[side]["graphs"] == 1, row[side]
+    assert row["agreement"]["ok"], row["agreement"]
+    assert any(f["family"] == "tilefly attention" for f in row["B"]["profile"]["families"]), row["B"]["profile"]
+    assert not any(f["family"] == "tilefly attention" for f in row["A"]["profile"]["families"])
+
+
+@pytest.mark.cuda
 def test_compiled_cudagraph_decode_matches_reference():
     model = models.build_model("tiny", dtype=torch.float32, device="cuda", seed=0)
     prompts = torch.randint(0, 256, (4, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
