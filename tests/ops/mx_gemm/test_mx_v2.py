@@ -21,7 +21,9 @@ def _v2(m, n, k, fmt):
     built = configs.v2_configs(max(m, n), min(m, n), k, fmt)
     staged = configs.v2_staged_configs(max(m, n), min(m, n), k, fmt) or [replace(c, scale_slots=16) for c in built]
     staged += [replace(built[0], scale_slots=8)] + [replace(c, scale_slots=16) for c in built if c.stages > 4]
-    return built + [c for c in staged if configs.static_reason(c, fmt) is None]
+    staged = [c for c in staged if configs.static_reason(c, fmt) is None]
+    regs = [replace(c, x_regs=1) for c in staged]        # MXFP4: X from registers (X_REGS), every staged tile
+    return built + staged + [c for c in regs if configs.static_reason(c, fmt) is None]
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -33,8 +35,11 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
     assert offered[0] == configs.v1_pick(rows, cols, 4096, fmt) and offered[0].kernel == 1
     v2 = [c for c in offered if c.kernel == 2 and not c.scale_slots]
     assert v2 == configs.v2_configs(rows, cols, 4096, fmt) and len(v2) == 2
-    staged = [c for c in offered if c.kernel == 2 and c.scale_slots]
+    staged = [c for c in offered if c.kernel == 2 and c.scale_slots and not c.x_regs]
     assert staged == (configs.v2_staged_configs(rows, cols, 4096, fmt) if cols <= 64 else [])
+    regs = [c for c in offered if c.kernel == 2 and c.x_regs]
+    assert regs == configs.v2_regs_configs(rows, cols, 4096, fmt)
+    assert bool(regs) == (fmt == "mxfp4" and cols <= 64) and all(c.num_warps == 4 for c in regs)
     assert all(c.name.endswith("_ss16") for c in staged) and len(staged) == (2 if cols <= 64 else 0)
     v2 += staged
     assert len({c.name for c in offered}) == len(offered)
@@ -59,6 +64,29 @@ def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
     assert picked.name.startswith(name + "_")
     assert picked.kernel == (4 if name.startswith("mx4_") else 2)
     assert picked.scale_slots == (configs.V2_STAGED_SLOTS if cols <= 64 else 0)
+
+
+def test_v2_x_regs_builds_are_mxfp4_staged_one_warpgroup_and_never_picked():
+    built = configs.v2_regs_configs(4096, 32, 4096, "mxfp4")
+    assert [c.name for c in built] == ["mx2_128x32_s4_w4_k16_ss16_xr", "mx2_64x32_s4_w4_k16_ss16_xr"]
+    assert [replace(c, x_regs=0) for c in built] == configs.v2_staged_configs(4096, 32, 4096, "mxfp4")
+    assert not configs.v2_regs_configs(4096, 32, 4096, "mxfp8") and not configs.v2_regs_configs(4096, 65, 4096, "mxfp4")
+    # no unpacked X tiles: two buffers of block_m x 128 FP8 bytes fewer than the staged build
+    assert built[0].smem_bytes("mxfp4") == replace(built[0], x_regs=0).smem_bytes("mxfp4") - 2 * 128 * 128
+    cfg = built[0]
+    for bad, fmt in ((cfg, "mxfp8"), (replace(cfg, num_warps=8, block_n=64), "mxfp4"),
+                     (replace(cfg, scale_slots=0), "mxfp4")):
+        assert configs.static_reason(bad, fmt).startswith("x_regs"), bad
+    for cols in (1, 8, 16, 32, 64):
+        assert configs.pick(4096, cols, 4096, "mxfp4") not in configs.v2_regs_configs(4096, cols, 4096, "mxfp4")
+
+
+def test_compile_specs_cover_every_v2_x_regs_build():
+    names = [s.name for s in configs.compile_specs()]
+    for cols in (1, 8, 9, 16, 32, 64):
+        for cfg in configs.v2_regs_configs(4096, cols, 4096, "mxfp4"):
+            assert f"mx_gemm.{cfg.name}[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]" in names, cfg.name
+            assert f"mx_gemm.{cfg.name}[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]" in names, cfg.name
 
 
 def test_v2_smem_counts_the_double_unpack_buffer():
@@ -210,7 +238,9 @@ def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
 COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
             "mx_gemm.mx2_128x16_s7_w4_k16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]",
             "mx_gemm.mx2_128x32_s4_w4_k16_ss16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
-            "mx_gemm.mx2_128x16_s4_w4_k16_ss16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]")
+            "mx_gemm.mx2_128x16_s4_w4_k16_ss16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]",
+            "mx_gemm.mx2_128x8_s4_w4_k16_ss16_xr[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]",
+            "mx_gemm.mx2_128x32_s4_w4_k16_ss16_xr[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]")
 
 
 @pytest.mark.parametrize("name", COMPILED)

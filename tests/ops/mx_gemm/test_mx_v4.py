@@ -52,13 +52,14 @@ def test_v4_validates_and_counts_one_unpacked_buffer():
 V4_SPECS = [s.name for s in configs.compile_specs() if ".mx4_" in s.name]
 
 
-def test_x_regs_builds_are_v4_only():
+def test_v4_x_regs_builds():
     built = configs.v4_regs_configs(4096, 32, 4096, "mxfp4")
     assert [c.name for c in built] == ["mx4_128x32_s4_w4_k16_ss16_xr", "mx4_64x32_s4_w4_k16_ss16_xr"]
     assert [replace(c, x_regs=0) for c in built] == configs.v4_configs(4096, 32, 4096, "mxfp4")
     assert all(configs.static_reason(c, "mxfp4") is None for c in built)
     assert built[0].smem_bytes("mxfp4") == replace(built[0], x_regs=0).smem_bytes("mxfp4")
-    assert configs.static_reason(replace(built[0], kernel=2), "mxfp4").startswith("x_regs")
+    for other in (1, 3):     # v1 and v3 have no X_REGS build
+        assert configs.static_reason(replace(built[0], kernel=other, scale_slots=0), "mxfp4").startswith("x_regs")
     for mode in (2, 3, -1):
         assert configs.static_reason(replace(built[0], x_regs=mode), "mxfp4").startswith("x_regs must be 0 or 1")
 

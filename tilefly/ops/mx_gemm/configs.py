@@ -78,7 +78,7 @@ class MXConfig:
     kernel: int = 1
     bf16_sets: int = 2        # v3: sets of BF16 K-block buffers (2: the next slot upcasts while one multiplies)
     scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
-    x_regs: int = 0           # v4: 1 feeds folded slots' X to the wgmma from registers (kernels_v4, X_REGS)
+    x_regs: int = 0           # v2 / v4, MXFP4: 1 feeds X to the wgmma from registers (v4: in folded slots; X_REGS)
     pdl: bool = False         # v2 / v4: programmatic dependent launch (config.mx_pdl; kernels_v2, PDL)
 
     @property
@@ -108,7 +108,8 @@ class MXConfig:
             return (self.stages * self.item_bytes(fmt) + V3_BF16_BYTES * self.bf16_sets * (self.block_m + self.block_n)
                     + SMEM_RESERVE)
         buffers = 2 if self.kernel == 2 else 1     # v2 unpacks the next slot while one multiplies
-        unpacked = buffers * (self.block_m + self.block_n) * self.block_k if fmt == "mxfp4" else 0
+        x_rows = 0 if self.kernel == 2 and self.x_regs else self.block_m    # v2 X_REGS: X never unpacked to smem
+        unpacked = buffers * (x_rows + self.block_n) * self.block_k if fmt == "mxfp4" else 0
         staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
         return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
 
@@ -129,12 +130,12 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "kernel must be 1, 2, 3 or 4"
     if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
-    if cfg.x_regs and cfg.kernel != 4:
-        return "x_regs is a kernel 4 build (X from registers in folded slots)"
+    if cfg.x_regs and (cfg.kernel not in (2, 4) or fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
+        return "x_regs is an MXFP4 build of kernel 2 or 4 with one warpgroup and staged scales"
     if cfg.pdl and cfg.kernel not in (2, 4):
         return "pdl is a kernel 2 or 4 build (programmatic dependent launch)"
     if cfg.x_regs not in (0, 1):
-        return "x_regs must be 0 or 1 (1: X from registers in folded slots)"
+        return "x_regs must be 0 or 1 (1: X from registers)"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
     if cfg.block_n not in (8, 16, 32, 64):
@@ -202,6 +203,16 @@ def v2_staged_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
         return []
     out = [replace(c, scale_slots=V2_STAGED_SLOTS, stages=min(c.stages, V2_STAGED_STAGES))
            for c in v2_configs(rows, cols, k, fmt)]
+    return [c for c in out if static_reason(c, fmt) is None]
+
+
+def v2_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """``v2_staged_configs`` for MXFP4 with X fed to the wgmma from registers (kernels_v2, X_REGS): no
+    unpacked X tile in shared memory, one warpgroup. Offered to the race; not yet timed on the GPU, so
+    ``pick`` does not run them."""
+    if fmt != "mxfp4":
+        return []
+    out = [replace(c, x_regs=1) for c in v2_staged_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
 
 
@@ -294,11 +305,13 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
     the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``) and, at 33-64
-    columns, v3 (``v3_configs``); MXFP4 at <= 64 columns, v4 (``v4_configs``, ``v4_regs_configs``)."""
+    columns, v3 (``v3_configs``); MXFP4 at <= 64 columns, v2 with X from registers (``v2_regs_configs``) and v4
+    (``v4_configs``, ``v4_regs_configs``)."""
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
     return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v2_staged_configs(rows, cols, k, fmt),
-                        *v3_configs(rows, cols, k, fmt), *v4_configs(rows, cols, k, fmt),
+                        *v2_regs_configs(rows, cols, k, fmt), *v3_configs(rows, cols, k, fmt),
+                        *v4_configs(rows, cols, k, fmt),
                         *v4_regs_configs(rows, cols, k, fmt))
             if static_reason(c, fmt) is None]
 
@@ -332,10 +345,8 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
-    if cfg.kernel == 4:
-        constexprs.update(X_REGS=cfg.x_regs)
     if cfg.kernel in (2, 4):
-        constexprs.update(PDL=cfg.pdl)
+        constexprs.update(X_REGS=cfg.x_regs, PDL=cfg.pdl)
     constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
@@ -399,6 +410,12 @@ def compile_specs():
         variants.append((fmt, cfg2s, False, True, 2, "bf16", True, False))
         for cfg4 in v4_configs(4096, 32, 4096, fmt) + v4_regs_configs(4096, 32, 4096, fmt):
             variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))   # shipped() has the plain build
+        for shape in ((4096, 8, 4096), (4096, 16, 4096), (4096, 32, 4096), (4096, 64, 4096)):
+            for cfg2r in v2_regs_configs(*shape, fmt):     # every tile X_REGS is offered on
+                for variant in ((fmt, cfg2r, False, False, 0, "bf16", True, True),
+                                (fmt, cfg2r, True, True, 1, "fp16", False, False)):
+                    if variant not in variants:
+                        variants.append(variant)
         for shape in ((4096, 16, 4096), (4096, 16, 14336), (4096, 64, 4096)):   # v4 picks beyond SHIPPED_SHAPES
             cfg4 = pick(*shape, fmt)
             if cfg4.kernel == 4:

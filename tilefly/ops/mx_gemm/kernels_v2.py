@@ -69,6 +69,15 @@ stacked along M for BLOCK_M = 128):
                     against 33.0 (decode probe, BENCHMARKS.md session 23).
     epilogue        tilefly.gluon.epilogue.finish_splitk (split-K partials summed in split order
                     by the last-ticket program, bias, masked store with any output strides).
+    X_REGS          (MXFP4, one warpgroup, staged scales; ``configs.v2_regs_configs``, offered, not yet
+                    picked) X is never unpacked to shared memory: each slot, a thread loads from the ring
+                    slot the packed 4-byte word of each K-block that its wgmma A fragment needs
+                    (``x_regs_packed_layout``: lane 4g + q, bytes 4q..4q+3 of rows g and g + 8 of each
+                    64-row slab), unpacks it as above into the fragment's two 4-byte chunks (K 4q and
+                    16 + 4q of the block, the same order as Y's tile) and the four blocks' wgmmas take A
+                    from registers (``register_blocks_0_to_2``). Only Y's tiles stay double-buffered in
+                    shared memory; a CTA barrier before each refill keeps the ring slot until every warp
+                    has loaded it.
     PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
                     starts with ``wait_prior_grid``: its launch overlaps the kernel ahead, its loads wait.
     barriers        ``ready`` per ring slot only; shared-memory hazards between warps (refill
@@ -246,6 +255,64 @@ def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP: 
     return acc, odd
 
 
+@gluon.constexpr_function
+def x_regs_packed_layout(block_m):
+    """X_REGS: a packed X slot [block_m, 64] bytes spread as the wgmma A fragments of its four K-blocks
+    want it. Lane 4g + q holds packed bytes 4q..4q+3 of every 16-byte K-block of rows g and g + 8 of
+    each 64-row slab; warp w takes rows 16w.. (one warpgroup)."""
+    reg = [[0, 1], [0, 2], [0, 16], [0, 32], [8, 0]]
+    slab = 64
+    while slab < block_m:
+        reg.append([slab, 0])
+        slab *= 2
+    return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[block_m, 64])
+
+
+@gluon.jit
+def x_register_operands(packed, BLOCK_M: gl.constexpr, acc_layout: gl.constexpr):
+    """X_REGS: a packed X slot in shared memory -> the four K-blocks' wgmma A operands in registers, FP8
+    of the values times 2^-6 in ``unpack_fp4_slot``'s order (position 16h + p of block j: nibble h of
+    packed byte 16j + p), so that they pair with its Y tile. Lane 4g + q's word of a block unpacks to the
+    two 4-byte chunks its fragment holds at 4q and 16 + 4q: no shuffles."""
+    bytes_ = packed.load(x_regs_packed_layout(BLOCK_M))
+    lo, hi = gl.inline_asm_elementwise(_UNPACK_SHIFTED_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
+                                       is_pure=True, pack=4)
+    blocks = gl.reshape(gl.join(lo, hi), [BLOCK_M, BLOCKS_PER_SLOT, SCALE_BLOCK // 2, 2])   # [row, j, p, h]
+    blocks = gl.reshape(gl.permute(blocks, (0, 3, 2, 1)), [BLOCK_M, SCALE_BLOCK, 2, 2])    # [row, 16h + p, j1, j0]
+    even_j, odd_j = gl.split(blocks)
+    x0, x2 = gl.split(even_j)
+    x1, x3 = gl.split(odd_j)
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+    x0 = gl.convert_layout(x0.to(gl.float8e4nv, bitcast=True), operand, assert_trivial=True)
+    x1 = gl.convert_layout(x1.to(gl.float8e4nv, bitcast=True), operand, assert_trivial=True)
+    x2 = gl.convert_layout(x2.to(gl.float8e4nv, bitcast=True), operand, assert_trivial=True)
+    x3 = gl.convert_layout(x3.to(gl.float8e4nv, bitcast=True), operand, assert_trivial=True)
+    return x0, x1, x2, x3
+
+
+@gluon.jit
+def register_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain,
+                           PRODUCT_EXP: gl.constexpr):
+    """``slot_blocks_0_to_2`` with X's K-blocks as register operands (ptxas keeps a wgmma's A registers
+    until the wait that retires it; Gluon's ``deps`` take no FP8 tensors)."""
+    y_op = y_tiles.slice(0, SCALE_BLOCK, dim=1).permute((1, 0))
+    even = warpgroup_mma(x0, y_op, even, use_acc=False, is_async=True)
+    y_op = y_tiles.slice(SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    odd = warpgroup_mma(x1, y_op, odd, use_acc=False, is_async=True)
+    even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
+    y_op = y_tiles.slice(2 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    even = warpgroup_mma(x2, y_op, even, use_acc=False, is_async=True)
+    odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
+    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, PRODUCT_EXP)
+    y_op = y_tiles.slice(3 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    odd = warpgroup_mma(x3, y_op, odd, use_acc=False, is_async=True)
+    even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
+    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, PRODUCT_EXP)
+    return acc, even, odd
+
+
 @gluon.jit(do_not_specialize=_INTS, do_not_specialize_on_alignment=["bias_ptr"])
 def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
                       M, N, K, stride_sxr, stride_sxc, stride_syr, stride_syc, stride_cm, stride_cn, stride_bias,
@@ -253,7 +320,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
-                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, PDL: gl.constexpr,
+                      STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr, PDL: gl.constexpr,
                       num_warps: gl.constexpr):
     if PDL:   # launched early (programmatic dependent launch): nothing read yet may predate the kernel ahead
         wait_prior_grid()
@@ -275,9 +342,11 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                                                  num_warps)
 
     x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
-    if FP4:
+    gl.static_assert(not X_REGS or (FP4 and num_warps == 4), "X from registers: MXFP4, one warpgroup")
+    if FP4 and not X_REGS:
         x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_K],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
+    if FP4:
         y_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, BLOCK_K],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
     for i in gl.static_range(STAGES):
@@ -305,7 +374,8 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     odd = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     if FP4:
         wait_ready(bars, 0, STAGES)
-        unpack_fp4_slot(x_bufs.index(0), x_fp8.index(0), BLOCK_M, num_warps)
+        if not X_REGS:
+            unpack_fp4_slot(x_bufs.index(0), x_fp8.index(0), BLOCK_M, num_warps)
         unpack_fp4_slot(y_bufs.index(0), y_fp8.index(0), BLOCK_N, num_warps)
         fence_async_shared()
 
@@ -313,7 +383,8 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         slot = s % STAGES
         kb0 = (slot_first + s) * BLOCKS_PER_SLOT
         if FP4:
-            x_tiles = x_fp8.index(s % 2)
+            if not X_REGS:
+                x_tiles = x_fp8.index(s % 2)
             y_tiles = y_fp8.index(s % 2)
         else:
             wait_ready(bars, s, STAGES)
@@ -337,16 +408,29 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         # ptxas serializes every wgmma (C7514) if one is still in flight at the loop's back edge
         # while its registers are read later, so each slot drains: blocks 0-2 are scaled while
         # the next block runs, block 3 while (MXFP4) the next slot is unpacked.
-        acc, even, odd = slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
-                                            plain, PRODUCT_EXP)
+        if X_REGS:
+            # The ring slot was waited for when its Y was unpacked (the previous slot, or before the loop).
+            x0, x1, x2, x3 = x_register_operands(x_bufs.index(slot), BLOCK_M, acc_layout)
+            acc, even, odd = register_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0,
+                                                    k_blocks, moderate, plain, PRODUCT_EXP)
+        else:
+            acc, even, odd = slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
+                                                plain, PRODUCT_EXP)
         if FP4:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
                 wait_ready(bars, s + 1, STAGES)
-                unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
+                if not X_REGS:
+                    unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
                 unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
                 fence_async_shared()
-        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
+        if X_REGS:
+            odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+            acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain, PRODUCT_EXP)
+            # Every warp's X loads from this ring slot are done before the refill overwrites it.
+            gl.thread_barrier()
+        else:
+            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,

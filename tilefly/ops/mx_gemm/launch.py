@@ -145,10 +145,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
                       STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots)
-    if cfg.kernel == 4:
-        constexprs.update(X_REGS=cfg.x_regs)
     if cfg.kernel in (2, 4):
-        constexprs.update(PDL=cfg.pdl)
+        constexprs.update(X_REGS=cfg.x_regs, PDL=cfg.pdl)
     constexprs.update(num_warps=cfg.num_warps)
     if cfg.pdl:
         constexprs.update(launch_pdl=True)   # a launch option of Triton's, not a kernel parameter
