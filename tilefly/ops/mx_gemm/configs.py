@@ -344,9 +344,7 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
         constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
-        constexprs.update(SCALE_SLOTS=cfg.scale_slots)
-    if cfg.kernel in (2, 4):
-        constexprs.update(X_REGS=cfg.x_regs, PDL=cfg.pdl)
+        constexprs.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
     constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs

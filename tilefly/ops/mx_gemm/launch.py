@@ -144,9 +144,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
                       STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
-        constexprs.update(SCALE_SLOTS=cfg.scale_slots)
-    if cfg.kernel in (2, 4):
-        constexprs.update(X_REGS=cfg.x_regs, PDL=cfg.pdl)
+        constexprs.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
     constexprs.update(num_warps=cfg.num_warps)
     if cfg.pdl:
         constexprs.update(launch_pdl=True)   # a launch option of Triton's, not a kernel parameter
