@@ -123,10 +123,7 @@ def pack_sibling_gemms(graph: torch.fx.Graph, numbers: dict[torch.fx.Node, tuple
             continue
         key = (numbers.get(args["a_bits"]), numbers.get(args["a_scale_bits"]), args["fmt"], args["swizzle"],
                args["out_dtype"])
-        try:
-            sets.setdefault(key, []).append(node)
-        except TypeError:   # an argument that does not hash: leave the call as it is
-            continue
+        sets.setdefault(key, []).append(node)
     done = 0
     for calls in sets.values():
         first = calls[0]

@@ -75,7 +75,7 @@ stacked along M for BLOCK_M = 128):
                     (``x_regs_packed_layout``: lane 4g + q, bytes 4q..4q+3 of rows g and g + 8 of each
                     64-row slab), unpacks it as above into the fragment's two 4-byte chunks (K 4q and
                     16 + 4q of the block, the same order as Y's tile) and the four blocks' wgmmas take A
-                    from registers (``register_blocks_0_to_2``). Only Y's tiles stay double-buffered in
+                    from registers (``slot_blocks_0_to_2``). Only Y's tiles stay double-buffered in
                     shared memory; a CTA barrier before each refill keeps the ring slot until every warp
                     has loaded it.
     PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
@@ -225,23 +225,33 @@ def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, pla
 
 
 @gluon.jit
-def slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain,
+def x_blocks(x_tiles):
+    """The wgmma A operands of a slot's four scale blocks: 32-byte K slices of the unpacked X tile."""
+    return (x_tiles.slice(0, SCALE_BLOCK, dim=1), x_tiles.slice(SCALE_BLOCK, SCALE_BLOCK, dim=1),
+            x_tiles.slice(2 * SCALE_BLOCK, SCALE_BLOCK, dim=1), x_tiles.slice(3 * SCALE_BLOCK, SCALE_BLOCK, dim=1))
+
+
+@gluon.jit
+def slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain,
                        PRODUCT_EXP: gl.constexpr):
     """A slot's first three K-blocks: one async FP8 wgmma each into a fresh partial (even, odd,
     even), block j + 1 issued before block j is scaled into ``acc``. Block 3's wgmma is left in
-    flight: ``slot_block_3`` retires and scales it (MXFP4 unpacks the next slot in between)."""
-    x_op, y_op = block_operands(x_tiles, y_tiles, 0)
-    even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
-    x_op, y_op = block_operands(x_tiles, y_tiles, 1)
-    odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+    flight: ``slot_block_3`` retires and scales it (MXFP4 unpacks the next slot in between).
+    ``x0``..``x3``: block j's A operand, in shared memory (``x_blocks``) or in registers (X_REGS;
+    ptxas keeps a wgmma's A registers until the wait that retires it, and Gluon's ``deps`` take no
+    FP8 tensors)."""
+    y_op = y_tiles.slice(0, SCALE_BLOCK, dim=1).permute((1, 0))
+    even = warpgroup_mma(x0, y_op, even, use_acc=False, is_async=True)
+    y_op = y_tiles.slice(SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    odd = warpgroup_mma(x1, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
     acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
-    x_op, y_op = block_operands(x_tiles, y_tiles, 2)
-    even = warpgroup_mma(x_op, y_op, even, use_acc=False, is_async=True)
+    y_op = y_tiles.slice(2 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    even = warpgroup_mma(x2, y_op, even, use_acc=False, is_async=True)
     odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
     acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, PRODUCT_EXP)
-    x_op, y_op = block_operands(x_tiles, y_tiles, 3)
-    odd = warpgroup_mma(x_op, y_op, odd, use_acc=False, is_async=True)
+    y_op = y_tiles.slice(3 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    odd = warpgroup_mma(x3, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
     acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, PRODUCT_EXP)
     return acc, even, odd
@@ -289,28 +299,6 @@ def x_register_operands(packed, BLOCK_M: gl.constexpr, acc_layout: gl.constexpr)
     x2 = gl.convert_layout(x2.to(gl.float8e4nv, bitcast=True), operand, assert_trivial=True)
     x3 = gl.convert_layout(x3.to(gl.float8e4nv, bitcast=True), operand, assert_trivial=True)
     return x0, x1, x2, x3
-
-
-@gluon.jit
-def register_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain,
-                           PRODUCT_EXP: gl.constexpr):
-    """``slot_blocks_0_to_2`` with X's K-blocks as register operands (ptxas keeps a wgmma's A registers
-    until the wait that retires it; Gluon's ``deps`` take no FP8 tensors)."""
-    y_op = y_tiles.slice(0, SCALE_BLOCK, dim=1).permute((1, 0))
-    even = warpgroup_mma(x0, y_op, even, use_acc=False, is_async=True)
-    y_op = y_tiles.slice(SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
-    odd = warpgroup_mma(x1, y_op, odd, use_acc=False, is_async=True)
-    even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
-    y_op = y_tiles.slice(2 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
-    even = warpgroup_mma(x2, y_op, even, use_acc=False, is_async=True)
-    odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
-    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, PRODUCT_EXP)
-    y_op = y_tiles.slice(3 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
-    odd = warpgroup_mma(x3, y_op, odd, use_acc=False, is_async=True)
-    even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, PRODUCT_EXP)
-    return acc, even, odd
 
 
 @gluon.jit(do_not_specialize=_INTS, do_not_specialize_on_alignment=["bias_ptr"])
@@ -411,11 +399,10 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         if X_REGS:
             # The ring slot was waited for when its Y was unpacked (the previous slot, or before the loop).
             x0, x1, x2, x3 = x_register_operands(x_bufs.index(slot), BLOCK_M, acc_layout)
-            acc, even, odd = register_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0,
-                                                    k_blocks, moderate, plain, PRODUCT_EXP)
         else:
-            acc, even, odd = slot_blocks_0_to_2(x_tiles, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
-                                                plain, PRODUCT_EXP)
+            x0, x1, x2, x3 = x_blocks(x_tiles)
+        acc, even, odd = slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks,
+                                            moderate, plain, PRODUCT_EXP)
         if FP4:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
@@ -424,13 +411,9 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                     unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
                 unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
                 fence_async_shared()
+        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
         if X_REGS:
-            odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-            acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain, PRODUCT_EXP)
-            # Every warp's X loads from this ring slot are done before the refill overwrites it.
-            gl.thread_barrier()
-        else:
-            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
+            gl.thread_barrier()     # every warp's X loads from this ring slot are done before the refill
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,

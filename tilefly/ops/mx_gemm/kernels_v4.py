@@ -72,7 +72,7 @@ from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
 from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, SHIFTED_PRODUCT_EXP,
                                             block_operands, slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot,
-                                            unpack_ptx)
+                                            unpack_ptx, x_blocks)
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, load_program_scales,
                                         program_scale_paths, stage_words)
 
@@ -296,8 +296,9 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             unpack_fp4_slot(y_bufs.index(slot), y_fp8, BLOCK_N, num_warps)
             fence_async_shared()
             gl.thread_barrier()
-            acc, even, odd = slot_blocks_0_to_2(x_fp8, y_fp8, acc, even, odd, wx, wy, kb0, k_blocks, moderate,
-                                                plain, SHIFTED_PRODUCT_EXP)
+            x0, x1, x2, x3 = x_blocks(x_fp8)
+            acc, even, odd = slot_blocks_0_to_2(x0, x1, x2, x3, y_fp8, acc, even, odd, wx, wy, kb0, k_blocks,
+                                                moderate, plain, SHIFTED_PRODUCT_EXP)
             acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, SHIFTED_PRODUCT_EXP)
         # Both paths retired every wgmma and read the ring slot during the unpack: refill it.
         ahead = s + STAGES
