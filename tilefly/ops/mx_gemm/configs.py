@@ -208,8 +208,7 @@ def v2_staged_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 
 def v2_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """``v2_staged_configs`` for MXFP4 with X fed to the wgmma from registers (kernels_v2, X_REGS): no
-    unpacked X tile in shared memory, one warpgroup. Offered to the race; not yet timed on the GPU, so
-    ``pick`` does not run them."""
+    unpacked X tile in shared memory, one warpgroup. ``pick`` runs them up to V4_MIN_COLS tokens."""
     if fmt != "mxfp4":
         return []
     out = [replace(c, x_regs=1) for c in v2_staged_configs(rows, cols, k, fmt)]
@@ -270,11 +269,13 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
     return 64
 
 
-# MXFP4 decode runs v4 above this many tokens. Decode probe at 93fa9af (BENCHMARKS.md session 24), us,
-# staged v2 against v4 on the shipped tile, ring and split: 32 x 14336 x 4096 36.8 / 34.5, 32 x 4096 x 14336
-# 38.0 / 34.7, 64 x 4096 x 4096 23.5 / 22.3, 32 x 4096 x 4096 17.4 / 17.2 (tie); at 8 tokens v4 lost
-# (128 x 8 tile: 15.4 / 17.3); v4 with X from registers at d3f67b9: 19.7 on that tile, 17.5 on 64 x 8.
-V4_MIN_COLS = 8
+# MXFP4 decode runs v4 above this many tokens and v2 with X from registers up to it. Decode probe at
+# fc505eb (BENCHMARKS.md session 33), us, best split of the pick's tile, staged v2 / v2 X from registers /
+# v4 X from registers: 8 x 4096 x 4096 13.3 / 12.7 / -, 8 x 28672 x 4096 37.9 / 32.6 / -,
+# 8 x 4096 x 14336 21.7 / 20.7 / -, 32 x 6144 x 4096 21.2 / 19.5 / 21.9, 32 x 4096 x 14336 31.2 / 29.6 / 32.4.
+# Above 32 tokens only v4 was timed against staged v2 (probe at 93fa9af, session 24: 64 x 4096 x 4096
+# 23.5 / 22.3).
+V4_MIN_COLS = 32
 
 
 def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
@@ -284,18 +285,19 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     MXFP8 32 x 14336 x 4096 from 40.3 to 24.6 us and MXFP4 from 50.7 to 36.7; at 64 tokens the suite's
     race (66b0808 and b76a2b2) chose the staged 64-row build over v3 for both formats.
     v3 (whose BF16 upcast shares the BF16 route's exactness limit) stays offered to the race only, so
-    every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18). MXFP4 above
-    V4_MIN_COLS tokens takes the same tile as v4 with X from registers (exact too: slots that do not
-    fold take v2's path). Decode probe at d3f67b9 (BENCHMARKS.md session 28), us, v4 / v4 X from
-    registers on the pick's tile and ring: 32 x 4096 x 4096 17.6 / 17.3, 64 x 4096 x 4096 22.0 / 21.6;
-    on 32 x 14336 x 4096 and 32 x 4096 x 14336 the pick's build was the fastest of all (32.1, 32.4)."""
+    every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18). MXFP4 feeds X from
+    registers on the same tile: v2's build up to V4_MIN_COLS tokens, v4's above (exact too: slots that
+    do not fold take v2's path). Decode probe at d3f67b9 (BENCHMARKS.md session 28), us, v4 / v4 X from
+    registers on the pick's tile and ring: 64 x 4096 x 4096 22.0 / 21.6."""
     staged = v2_staged_configs(rows, cols, k, fmt)
     if len(staged) == 2:
         wide, narrow = staged
         chosen = wide if cols <= 32 and staged_rows(rows, cols, k, fmt) == 128 else narrow
-        folded = replace(chosen, kernel=4, x_regs=1)
-        if fmt == "mxfp4" and cols > V4_MIN_COLS and static_reason(folded, fmt) is None:
-            return folded
+        if fmt == "mxfp4":
+            faster = replace(chosen, kernel=4) if cols > V4_MIN_COLS else chosen
+            faster = replace(faster, x_regs=1)
+            if static_reason(faster, fmt) is None:
+                return faster
         return chosen
     v2_wide, v2_narrow = v2_configs(rows, cols, k, fmt)
     chosen = v2_narrow if cols > 64 else v2_wide
