@@ -72,6 +72,17 @@ def test_side_context_switches_and_restores():
     assert tilefly.enabled_ops() == ("rms_norm",)
 
 
+def test_side_context_exact_casts_only_while_compiling_and_asked():
+    from torch._inductor import config as inductor_config
+
+    model = models.build_model("tiny")
+    assert inductor_config.emulate_precision_casts is False   # Inductor's default: the reason for the option
+    for compiled, exact, expected in ((True, True, True), (True, False, False), (False, True, False)):
+        with ab.side_context(ab.SIDE_A, model, compiled=compiled, exact_casts=exact):
+            assert inductor_config.emulate_precision_casts is expected
+        assert inductor_config.emulate_precision_casts is False
+
+
 @pytest.mark.parametrize("precision", ["bf16", "mxfp8", "mxfp4"])
 def test_eager_ab_run(precision):
     record = ab.run_ab("tiny", precision, [2, 3], input_len=8, output_len=4, device="cpu", compile_mode=None,
@@ -146,3 +157,30 @@ def test_picks_counts_packed_sibling_mx_calls_apart():
     found = picks.picks([code])
     assert (found["mx_op_calls"], found["mx_packed_calls"]) == (1, 1)
     assert picks.describe(found).endswith("MX layer calls 1; packed sibling MX calls 1")
+
+
+def test_cli_exact_casts_reaches_the_run_and_its_record(monkeypatch, tmp_path):
+    from tilefly.bench.e2e.__main__ import main
+
+    seen = {}
+    real = ab.run_ab
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ab, "run_ab", spy)
+    assert main(["--model", "tiny", "--precision", "mxfp4", "--concurrency", "2", "--input-len", "4",
+                 "--output-len", "2", "--device", "cpu", "--eager", "--side", "A", "--exact-casts",
+                 "--out", str(tmp_path)]) == 0
+    assert seen["exact_casts"] is True
+    seen.clear()
+    assert main(["--model", "tiny", "--precision", "mxfp4", "--concurrency", "2", "--input-len", "4",
+                 "--output-len", "2", "--device", "cpu", "--eager", "--side", "A", "--out", str(tmp_path)]) == 0
+    assert seen["exact_casts"] is False
+
+
+def test_exact_casts_are_recorded_only_for_compiled_runs():
+    eager = ab.run_ab("tiny", "mxfp4", [2], input_len=4, output_len=2, device="cpu", compile_mode=None,
+                      sides=(ab.SIDE_A,), exact_casts=True, log=open("/dev/null", "w"))
+    assert "inductor_options" not in eager   # nothing was compiled, so no cast was emulated

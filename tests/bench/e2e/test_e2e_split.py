@@ -126,6 +126,20 @@ def test_sides_of_other_tilefly_options_stay_apart(runs, tmp_path, capsys, monke
     assert "· tilefly mx_pdl=True" in capsys.readouterr().out
 
 
+def test_sides_with_exact_casts_stay_apart_and_say_so(runs, tmp_path, capsys):
+    _, a, b = runs
+    data = json.loads(b.read_text())
+    data["inductor_options"] = {"emulate_precision_casts": True}
+    data["tilefly_options"] = {"attention_decode": "off"}
+    assert split.options(data) == "tilefly attention_decode=off, inductor emulate_precision_casts=True"
+    other = tmp_path / b.name
+    other.write_text(json.dumps(data))
+    assert main(["--merge", str(a), str(other), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
+    runs_ = report.load(str(tmp_path / "out" / "e2e.json"))["runs"]
+    assert len(runs_) == 2 and all("note" in row for run in runs_ for row in run["rows"])   # unpaired
+    assert "· tilefly attention_decode=off, inductor emulate_precision_casts=True" in capsys.readouterr().out
+
+
 def test_other_prompts_are_refused(runs, tmp_path):
     _, a, _ = runs
     assert main([*ARGS, "--concurrency", "3", "--seed", "1", "--side", "B", "--out", str(tmp_path)]) == 0

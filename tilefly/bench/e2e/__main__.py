@@ -81,6 +81,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="after each side's timed runs, profile STEPS decode steps: GPU time per kernel "
                         "and family (CUDA only)")
+    p.add_argument("--exact-casts", action="store_true",
+                   help="both sides compile with Inductor's emulate_precision_casts (fused kernels round to BF16 "
+                        "where eager mode does): for the MX logits check, not for throughput")
     p.add_argument("--commit", help="commit to record (default: git rev-parse HEAD)")
     args = p.parse_args(argv)
     if min(args.concurrency) < 1 or args.input_len < 1 or args.output_len < 1:
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                     compare_steps=args.compare_steps, tol=args.tol, seed=args.seed,
                     compile_prefill=not args.eager_prefill,
                     sides=sides, code_dir=args.out if args.save_code else None, profile_steps=args.profile,
-                    attention=args.attention, mx_swizzle=args.mx_swizzle)
+                    attention=args.attention, mx_swizzle=args.mx_swizzle, exact_casts=args.exact_casts)
     record.update(env)
     name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"
     name += "" if args.side == "both" else f"_{args.side}"

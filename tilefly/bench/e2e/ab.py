@@ -48,9 +48,10 @@ SIDE_B = Side("B", "ATEN,TRITON,TILEFLY", ops.defaults(), "scaled_mm")
 
 
 @contextlib.contextmanager
-def side_context(side: Side, model: torch.nn.Module, compiled: bool) -> Iterator[None]:
+def side_context(side: Side, model: torch.nn.Module, compiled: bool, exact_casts: bool = False) -> Iterator[None]:
     """tilefly enabled exactly for ``side.tilefly_ops``, MX layers on ``side.mx_backend`` and, when
-    compiling, Inductor's autotuning over ``side.backends``; tilefly's previous state restored after."""
+    compiling, Inductor's autotuning over ``side.backends`` (``exact_casts``: and Inductor rounding
+    every intermediate cast as eager mode does); tilefly's previous state restored after."""
     import tilefly
 
     before = tilefly.enabled_ops()
@@ -64,6 +65,10 @@ def side_context(side: Side, model: torch.nn.Module, compiled: bool) -> Iterator
                 from tilefly.bench.inductor import autotune
 
                 stack.enter_context(autotune(side.backends))
+                if exact_casts:
+                    from torch._inductor import config as inductor_config
+
+                    stack.enter_context(inductor_config.patch(emulate_precision_casts=True))
             yield
     finally:
         tilefly.disable()
@@ -121,16 +126,17 @@ def _compile_counters() -> dict[str, int]:
 
 def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, compile_mode: str | None,
              runs: int, capture: int, compile_prefill: bool = True, code_path: str | None = None,
-             profile_steps: int = 0) -> tuple[dict[str, Any], engine.Generation, engine.Generation]:
+             profile_steps: int = 0, exact_casts: bool = False) -> tuple[dict[str, Any], engine.Generation,
+                                                                         engine.Generation]:
     """(metrics, the fastest timed generation, the capturing warm-up generation) of one side;
     ``code_path``: where to write Inductor's generated wrapper code of its graphs (which kernel
     each GEMM call site got); ``profile_steps`` > 0: after the timed runs, profile that many
-    decode steps (metrics["profile"], see profile.py)."""
+    decode steps (metrics["profile"], see profile.py); ``exact_casts``: see ``run_ab``."""
     batch, input_len = prompts.shape
     compiled = compile_mode is not None
     if compiled:
         torch._dynamo.reset()  # a fresh compile: the other side's graphs and autotune picks are dropped
-    with side_context(side, model, compiled):
+    with side_context(side, model, compiled, exact_casts):
         eng = engine.Engine(model, cache, batch, input_len, output_len, compile_mode=compile_mode,
                             compile_prefill=compile_prefill)
         before = _compile_counters()
@@ -159,11 +165,16 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
            runs: int = 1, compare_steps: int = 4, tol: float | None = None, seed: int = 0,
            sides: tuple[Side, ...] = (SIDE_A, SIDE_B), dtype: torch.dtype = torch.bfloat16,
            compile_prefill: bool = True, log=sys.stderr, code_dir: str | None = None,
-           profile_steps: int = 0, attention: str = "grouped", mx_swizzle: str = "none") -> dict[str, Any]:
+           profile_steps: int = 0, attention: str = "grouped", mx_swizzle: str = "none",
+           exact_casts: bool = False) -> dict[str, Any]:
     """Run A and B (or the one side in ``sides``) at each concurrency; returns the run's JSON-ready
     record (see report.py). ``code_dir``: keep each side's generated wrapper code there, one file
     per concurrency; ``profile_steps``: see ``run_side``; ``attention``: see attention.py; ``mx_swizzle``:
-    the MX scales' layout (both sides; activation scales are rearranged into it every step)."""
+    the MX scales' layout (both sides; activation scales are rearranged into it every step);
+    ``exact_casts``: both sides compile with Inductor's ``emulate_precision_casts``, so fused kernels
+    round to BF16 where eager mode does. By default side A's fused ops may quantize an unrounded FP32
+    value that side B (its quantization an opaque op) gets rounded, and one MX rounding step apart
+    grows layer by layer: the MX logits check's setting."""
     tol = models.DEFAULT_TOL[precision] if tol is None else tol
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed, attention=attention)
     swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend, swizzle=mx_swizzle)
@@ -181,7 +192,8 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
                 code_path = None if code_dir is None else os.path.join(
                     code_dir, f"code_{model_name}_{precision}_c{batch}_{side.name}.py")
                 metrics, best, warm = run_side(model, cache, side, prompts, output_len, compile_mode, runs,
-                                               compare_steps, compile_prefill, code_path, profile_steps)
+                                               compare_steps, compile_prefill, code_path, profile_steps,
+                                               exact_casts)
                 row[side.name] = metrics
                 outs[side.name] = (best, warm)
                 print(f"[e2e]   {side.name}: {metrics['tok_s']:.1f} tok/s, TPOT {metrics['tpot_ms']:.3f} ms, "
@@ -217,6 +229,7 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
               **({} if precision == "bf16" else {"mx_swizzle": mx_swizzle}),
               "weights_sha": weights_sha,
               **({"tilefly_options": options} if (options := _changed_options()) else {}),
+              **({"inductor_options": {"emulate_precision_casts": True}} if exact_casts and compile_mode else {}),
               "model_config": asdict(models.spec(model_name)),
               "sides": {s.name: asdict(s) for s in sides}, "rows": rows}
     if len(sides) == 1:

@@ -168,7 +168,7 @@ def run_table(run: dict[str, Any], bf16_b: dict[int, float]) -> list[str]:
 def _title(run: dict[str, Any]) -> str:
     """Model, precision and what else keeps runs apart (the default scale layout goes unsaid)."""
     layout = "" if split.mx_swizzle(run) in (None, "32_4_4") else f" · {split.mx_swizzle(run)} scale layout"
-    options = f" · tilefly {split.options(run)}" if split.options(run) else ""
+    options = f" · {split.options(run)}" if split.options(run) else ""
     return f"{run['model']} · {run['precision']} · {split.attention(run)} attention{layout}{options}"
 
 

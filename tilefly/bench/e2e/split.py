@@ -46,9 +46,11 @@ def attention(run: dict[str, Any]) -> str:
 
 
 def options(run: dict[str, Any]) -> str:
-    """The tilefly options the run set away from their defaults, as one string (empty: none). Runs
-    of different options are never paired or merged."""
-    return ", ".join(f"{name}={value}" for name, value in sorted(run.get("tilefly_options", {}).items()))
+    """The tilefly options the run set away from their defaults, then its Inductor options (``--exact-casts``),
+    as one string (empty: none). Runs of different options are never paired or merged."""
+    tilefly = [f"tilefly {name}={value}" for name, value in sorted(run.get("tilefly_options", {}).items())]
+    inductor = [f"inductor {name}={value}" for name, value in sorted(run.get("inductor_options", {}).items())]
+    return ", ".join(tilefly + inductor)
 
 
 def mx_swizzle(run: dict[str, Any]) -> str | None:

@@ -270,11 +270,11 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
 
 
 # MXFP4 decode runs v4 above this many tokens and v2 with X from registers up to it. Decode probe at
-# fc505eb (BENCHMARKS.md session 33), us, best split of the pick's tile, staged v2 / v2 X from registers /
-# v4 X from registers: 8 x 4096 x 4096 13.3 / 12.7 / -, 8 x 28672 x 4096 37.9 / 32.6 / -,
-# 8 x 4096 x 14336 21.7 / 20.7 / -, 32 x 6144 x 4096 21.2 / 19.5 / 21.9, 32 x 4096 x 14336 31.2 / 29.6 / 32.4.
-# Above 32 tokens only v4 was timed against staged v2 (probe at 93fa9af, session 24: 64 x 4096 x 4096
-# 23.5 / 22.3).
+# fc505eb (BENCHMARKS.md session 33), us, the pick's tile at the launcher's split, staged v2 / v2 X from
+# registers / v4 X from registers: 8 x 6144 x 4096 14.8 / 14.1 / 18.4, 8 x 28672 x 4096 39.3 / 32.6 / 51.0,
+# 8 x 4096 x 4096 13.6 / 13.1 / 15.9, 8 x 4096 x 14336 21.7 / 20.7 / 31.6, 32 x 6144 x 4096 22.2 / 21.5 /
+# 23.8, 32 x 4096 x 14336 31.4 / 30.6 / 32.4. Above 32 tokens only v4 was timed against staged v2 (probe
+# at 93fa9af, session 24: 64 x 4096 x 4096 23.5 / 22.3).
 V4_MIN_COLS = 32
 
 
