@@ -6,12 +6,13 @@ step, layer after layer.
 
 Two runs of the same model (CPU, BF16, the e2e's Llama-3.1-8B shapes with fewer layers), each
 GEMM computed as (1) torch.mm, (2) the same product with K in two halves summed in FP32 and
-rounded once: the same math, another order, like two GPU kernels. MX layers run MXLinear's
+rounded once: the same math, another order, like two GPU kernels. ``--perturb attention`` changes
+attention instead: SDPA computed in FP32 and rounded once (a few BF16 ulps from the BF16 result). MX layers run MXLinear's
 "dequant" backend (exact BF16 operands). Same prompts, teacher-forced with run 1's tokens, so
 only numerics differ. Prints max |logits(2) - logits(1)| / max |logits(1)| and top-1 agreement
 per step.
 
-    python scripts/mx_order_sensitivity.py [--layers 2 4] [--steps 3] [--batch 4] [--prompt 16]
+    python scripts/mx_order_sensitivity.py [--layers 2 4] [--steps 3] [--batch 4] [--prompt 16] [--perturb attention]
 """
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def reordered_linear(x, weight, bias=None):
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+_sdpa = F.scaled_dot_product_attention
+
+
+def fp32_sdpa(query, key, value, *args, **kwargs):
+    """SDPA computed in FP32 and rounded once: a few BF16 ulps from the BF16 kernel's result (random
+    inputs: 27% of the outputs differ, by up to 7 ulps), as two attention kernels differ."""
+    return _sdpa(query.float(), key.float(), value.float(), *args, **kwargs).to(query.dtype)
+
+
+@contextlib.contextmanager
+def attention_in_fp32():
+    with mock.patch.object(F, "scaled_dot_product_attention", fp32_sdpa):
+        yield
+
+
 @contextlib.contextmanager
 def reordered():
     with mock.patch.object(torch, "mm", reordered_mm), mock.patch.object(torch, "addmm", reordered_addmm), \
@@ -78,7 +94,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--perturb", choices=("order", "attention"), default="order",
+                        help="what the second run changes: the GEMMs' summation order, or attention computed in FP32")
     args = parser.parse_args()
+    perturbed = reordered if args.perturb == "order" else attention_in_fp32
     print(f"{'precision':<9} {'layers':>6}  per step: max|d|/max|ref| (top-1 agreement)")
     for layers in args.layers:
         for precision in args.precisions:
@@ -90,7 +109,7 @@ def main() -> None:
             prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt), generator=g)
             forced = torch.randint(0, model.config.vocab_size, (args.batch, args.steps), generator=g)
             ref = run(model, prompts, forced, args.steps, contextlib.nullcontext)
-            test = run(model, prompts, forced, args.steps, reordered)
+            test = run(model, prompts, forced, args.steps, perturbed)
             cells = []
             for r, t in zip(ref, test):
                 err = ((t - r).abs().max() / r.abs().max()).item()

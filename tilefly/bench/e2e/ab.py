@@ -172,9 +172,9 @@ def run_ab(model_name: str, precision: str, concurrencies: list[int], input_len:
     per concurrency; ``profile_steps``: see ``run_side``; ``attention``: see attention.py; ``mx_swizzle``:
     the MX scales' layout (both sides; activation scales are rearranged into it every step);
     ``exact_casts``: both sides compile with Inductor's ``emulate_precision_casts``, so fused kernels
-    round to BF16 where eager mode does. By default side A's fused ops may quantize an unrounded FP32
-    value that side B (its quantization an opaque op) gets rounded, and one MX rounding step apart
-    grows layer by layer: the MX logits check's setting."""
+    round to BF16 where eager mode does (the MX logits check's setting). Without it side A's fused ops
+    may quantize the unrounded FP32 value of an activation that side B, whose quantization is an
+    opaque op, gets rounded; one MX rounding step apart then grows layer by layer."""
     tol = models.DEFAULT_TOL[precision] if tol is None else tol
     model = models.build_model(model_name, dtype=dtype, device=device, seed=seed, attention=attention)
     swapped = models.apply_precision(model, precision, backend=sides[0].mx_backend, swizzle=mx_swizzle)

@@ -6,10 +6,10 @@ non-MX calls stay ATen's. See eligibility.py (the predicate and its error messag
 (the ops), launch.py (host side), configs.py, scales.py (Gluon: reading, staging and applying the
 E8M0 scales, shared by the kernels), kernels.py (Gluon, v1: one 32-K block a ring slot, synchronous
 wgmma), kernels_v2.py (Gluon, v2: 128-K slots, async wgmma with the block-scale promotion overlapped,
-FP4 unpack, scales staged for decode, MXFP4 X from registers picked up to 32 tokens), kernels_v3.py (Gluon, operands upcast to BF16 in the CTA),
-kernels_v4.py (Gluon, MXFP4 with the scales folded into the unpacked operands and X fed from
-registers, picked at 33-64 tokens),
-upcast.py (the BF16 route of large shapes), requant.py (opt-in, inexact) and bench.py.
+FP4 unpack, scales staged for decode, MXFP4 X from registers picked up to 32 tokens), kernels_v3.py
+(Gluon, operands upcast to BF16 in the CTA), kernels_v4.py (Gluon, MXFP4 with the scales folded into
+the unpacked operands and X fed from registers, picked at 33-64 tokens), upcast.py (the BF16 route of
+large shapes), requant.py (opt-in, inexact) and bench.py.
 
 No Inductor candidates: on torch 2.13 a compiled MX ``F.scaled_mm`` never reaches
 ``tuned_scaled_mm_v2``'s choices. The meta function requires SWIZZLE_32_4_4 scales for MX and the
