@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--shape", action="append")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel; 4: the "
-                    "MXFP4 fold, with and without X from registers; pick runs the latter above 8 tokens)")
+                    "MXFP4 fold, with and without X from registers; pick runs the latter at 33-64 tokens)")
     ap.add_argument("--splits", default="auto,1,2,4,8,16,32", help="K-split counts to force ('auto': the launcher's)")
     ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()

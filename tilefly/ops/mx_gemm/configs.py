@@ -218,7 +218,7 @@ def v2_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """v4 builds (kernels_v4: MXFP4 scales folded into the unpacked operands) at <= 64 columns: the
     staged v2 builds' tiles with one unpacked buffer. Offered at any decode width; ``pick`` runs them
-    above V4_MIN_COLS tokens (decode probe at 93fa9af, BENCHMARKS.md session 24)."""
+    (with X from registers) above V4_MIN_COLS tokens (decode probe at fc505eb, BENCHMARKS.md session 33)."""
     if fmt != "mxfp4" or cols > 64:
         return []
     out = [replace(c, kernel=4) for c in v2_staged_configs(rows, cols, k, fmt)]

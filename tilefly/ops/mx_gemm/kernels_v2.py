@@ -69,8 +69,8 @@ stacked along M for BLOCK_M = 128):
                     against 33.0 (decode probe, BENCHMARKS.md session 23).
     epilogue        tilefly.gluon.epilogue.finish_splitk (split-K partials summed in split order
                     by the last-ticket program, bias, masked store with any output strides).
-    X_REGS          (MXFP4, one warpgroup, staged scales; ``configs.v2_regs_configs``, offered, not yet
-                    picked) X is never unpacked to shared memory: each slot, a thread loads from the ring
+    X_REGS          (MXFP4, one warpgroup, staged scales; ``configs.v2_regs_configs``, what ``pick`` runs up
+                    to 32 tokens) X is never unpacked to shared memory: each slot, a thread loads from the ring
                     slot the packed 4-byte word of each K-block that its wgmma A fragment needs
                     (``x_regs_packed_layout``: lane 4g + q, bytes 4q..4q+3 of rows g and g + 8 of each
                     64-row slab), unpacks it as above into the fragment's two 4-byte chunks (K 4q and

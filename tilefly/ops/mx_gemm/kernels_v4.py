@@ -38,9 +38,9 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
     barriers        ``ready`` per ring slot; a CTA barrier before each slot's unpack (the previous
                     slot's wgmmas, which read the unpacked buffers, retired in every warp) and after
                     it (fence_async_shared, then every warp's stores are visible to the wgmmas).
-    X_REGS          (``MXConfig.x_regs``, what ``configs.pick`` runs) folded slots feed X to the wgmma from
-                    registers instead of the unpacked buffer: no X stores, and the wgmma reads only Y
-                    from shared memory. A thread loads 16 packed bytes, one K-block of one row, from the
+    X_REGS          (``MXConfig.x_regs``, what ``configs.pick`` runs at 33-64 tokens) folded slots feed X
+                    to the wgmma from registers instead of the unpacked buffer: no X stores, and the
+                    wgmma reads only Y from shared memory. A thread loads 16 packed bytes, one K-block of one row, from the
                     ring slot (``x_packed_layout``: the rows a thread holds are those of its wgmma A
                     fragment, rows 16w + g and g + 8 of each 64), unpacks them as above, and the 32
                     values are renamed into the fragment by a reshape and permute that the compiler
