@@ -55,5 +55,6 @@ def main() -> None:
                       f"stock compiled {' '.join(f'{rel(r, ref):.2e}' for r in stock_runs)}  "
                       f"elements off eager stock: {differ}", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -7,12 +7,13 @@ step, layer after layer.
 Two runs of the same model (CPU, BF16, the e2e's Llama-3.1-8B shapes with fewer layers), each
 GEMM computed as (1) torch.mm, (2) the same product with K in two halves summed in FP32 and
 rounded once: the same math, another order, like two GPU kernels. ``--perturb attention`` changes
-attention instead: SDPA computed in FP32 and rounded once (a few BF16 ulps from the BF16 result). MX layers run MXLinear's
-"dequant" backend (exact BF16 operands). Same prompts, teacher-forced with run 1's tokens, so
-only numerics differ. Prints max |logits(2) - logits(1)| / max |logits(1)| and top-1 agreement
-per step.
+attention instead: SDPA computed in FP32 and rounded once (a few BF16 ulps from the BF16 result).
+MX layers run MXLinear's "dequant" backend (exact BF16 operands). Same prompts, teacher-forced with
+run 1's tokens, so only numerics differ. Prints max |logits(2) - logits(1)| / max |logits(1)| and
+top-1 agreement per step.
 
-    python scripts/mx_order_sensitivity.py [--layers 2 4] [--steps 3] [--batch 4] [--prompt 16] [--perturb attention]
+    python scripts/mx_order_sensitivity.py [--layers 2 4] [--steps 3] [--batch 4] [--prompt 16]
+                                           [--perturb attention]
 """
 from __future__ import annotations
 

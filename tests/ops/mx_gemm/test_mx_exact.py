@@ -38,4 +38,5 @@ def test_cuda_every_mxfp4_build_is_exact(m, n, k, swizzled, out_dtype):
         out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
         run_config(a, b, sa, sb, swizzled, cfg, out)
         off = (out != want).sum().item()
-        assert off == 0, f"{'pick' if cfg is None else cfg.name}: {off} of {out.numel()} elements differ from the exact product"
+        name = "pick" if cfg is None else cfg.name
+        assert off == 0, f"{name}: {off} of {out.numel()} elements differ from the exact product"

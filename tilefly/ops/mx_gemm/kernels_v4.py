@@ -38,22 +38,20 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
     barriers        ``ready`` per ring slot; a CTA barrier before each slot's unpack (the previous
                     slot's wgmmas, which read the unpacked buffers, retired in every warp) and after
                     it (fence_async_shared, then every warp's stores are visible to the wgmmas).
-    X_REGS          (``MXConfig.x_regs``, what ``configs.pick`` runs at 33-64 tokens) folded slots feed X
-                    to the wgmma from registers instead of the unpacked buffer: no X stores, and the
-                    wgmma reads only Y from shared memory. A thread loads 16 packed bytes, one K-block of one row, from the
-                    ring slot (``x_packed_layout``: the rows a thread holds are those of its wgmma A
-                    fragment, rows 16w + g and g + 8 of each 64), unpacks them as above, and the 32
-                    values are renamed into the fragment by a reshape and permute that the compiler
-                    proves register-only (``convert_layout(assert_trivial=True)``). That order is not
-                    K order: the fragment's K position 32i + 16h + 4q + c (wgmma i, half h, lane q % 4,
-                    byte c) holds K element 32q + 8i + 4h + c of the slot (``fragment_order``), a
-                    permutation inside the slot, and Y's unpacked tile is stored permuted the same way,
-                    so the four wgmmas still sum every product once. The folded scale factors are per
-                    element, so the order does not matter to them; slots that do not fold take the
-                    K-ordered buffers and v2's per-block path, as without X_REGS. Unpacking the next
-                    slot while this one's register-A wgmma ran (a second Y buffer, 3f473a9) took
-                    1.2-1.9x the time on every decode shape (decode probe at d3f67b9, BENCHMARKS.md
-                    session 28), so it was removed.
+    X_REGS          (``MXConfig.x_regs``, what ``configs.pick`` runs at 33-64 tokens) folded slots feed X to the
+                    wgmma from registers instead of the unpacked buffer: no X stores, and the wgmma reads only Y
+                    from shared memory. A thread loads 16 packed bytes, one K-block of one row, from the ring slot
+                    (``x_packed_layout``: the rows a thread holds are those of its wgmma A fragment, rows 16w + g
+                    and g + 8 of each 64), unpacks them as above, and the 32 values are renamed into the fragment by
+                    a reshape and permute that the compiler proves register-only
+                    (``convert_layout(assert_trivial=True)``). That order is not K order: the fragment's K position
+                    32i + 16h + 4q + c (wgmma i, half h, lane q % 4, byte c) holds K element 32q + 8i + 4h + c of
+                    the slot (``fragment_order``), a permutation inside the slot, and Y's unpacked tile is stored
+                    permuted the same way, so the four wgmmas still sum every product once. The folded scale factors
+                    are per element, so the order does not matter to them; slots that do not fold take the K-ordered
+                    buffers and v2's per-block path, as without X_REGS. Unpacking the next slot while this one's
+                    register-A wgmma ran (a second Y buffer, 3f473a9) took 1.2-1.9x the time on every decode shape
+                    (decode probe at d3f67b9, BENCHMARKS.md session 28), so it was removed.
     epilogue        tilefly.gluon.epilogue.finish_splitk, as v2.
     tails           TMA zero-fills rows past ROWS/COLS and K past the end; their staged scale bytes
                     are 127, so they contribute zeros (a K-tail slot may then not fold: its unused
