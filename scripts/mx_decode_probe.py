@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="1,2,3", help="kernel versions to race (configs.MXConfig.kernel; 4: the "
                     "MXFP4 fold, with and without X from registers; pick runs the latter at 33-64 tokens)")
     ap.add_argument("--splits", default="auto,1,2,4,8,16,32", help="K-split counts to force ('auto': the launcher's)")
+    ap.add_argument("--picked", action="store_true",
+                    help="time only the pick's build (over --splits): a quick sweep for the split planner")
     ap.add_argument("--host-profile", action="store_true")
     args = ap.parse_args()
     if args.host_profile:
@@ -100,7 +102,10 @@ def main() -> None:
             picked = configs.pick(rows, cols, k, fmt)
             print(f"\n{fmt} {shape}: bf16 mm {bf16_us:.1f} us ({n * k * 2 / bf16_us / 1e6:.2f} TB/s); "
                   f"MX weight {w_bytes / 1e6:.1f} MB; pick {picked.name}", flush=True)
-            base, more = variants(rows, cols, k, fmt, tuple(int(v) for v in args.kernels.split(",")))
+            if args.picked:
+                base, more = [replace(picked, max_splits=32)], []
+            else:
+                base, more = variants(rows, cols, k, fmt, tuple(int(v) for v in args.kernels.split(",")))
             best = None
             for cfg in base + more:
                 least = cfg.min_splits(k)
