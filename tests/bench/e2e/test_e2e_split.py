@@ -108,6 +108,19 @@ def test_sides_from_other_commits_say_so(runs, tmp_path, capsys):
     assert f"A at commit {a_commit}, B at later1" in capsys.readouterr().out
 
 
+def _merge_b_with(runs, tmp_path, capsys, **fields) -> str:
+    """Merge side A's run with side B's run rewritten with ``fields``; both must stay unpaired (the
+    merged runs keep a note on every row). Returns what the merge printed."""
+    _, a, b = runs
+    data = {**json.loads(b.read_text()), **fields}
+    other = tmp_path / b.name
+    other.write_text(json.dumps(data))
+    assert main(["--merge", str(a), str(other), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
+    runs_ = report.load(str(tmp_path / "out" / "e2e.json"))["runs"]
+    assert len(runs_) == 2 and all("note" in row for run in runs_ for row in run["rows"])   # unpaired
+    return capsys.readouterr().out
+
+
 def test_sides_of_other_tilefly_options_stay_apart(runs, tmp_path, capsys, monkeypatch):
     from tilefly import config
     from tilefly.bench.e2e import ab
@@ -115,29 +128,15 @@ def test_sides_of_other_tilefly_options_stay_apart(runs, tmp_path, capsys, monke
     assert ab._changed_options() == {}
     monkeypatch.setattr(config, "mx_pdl", True)
     assert ab._changed_options() == {"mx_pdl": True}
-    _, a, b = runs
-    data = json.loads(b.read_text())
-    data["tilefly_options"] = {"mx_pdl": True}
-    other = tmp_path / b.name
-    other.write_text(json.dumps(data))
-    assert main(["--merge", str(a), str(other), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
-    runs_ = report.load(str(tmp_path / "out" / "e2e.json"))["runs"]
-    assert len(runs_) == 2 and all("note" in row for run in runs_ for row in run["rows"])   # unpaired
-    assert "· tilefly mx_pdl=True" in capsys.readouterr().out
+    out = _merge_b_with(runs, tmp_path, capsys, tilefly_options={"mx_pdl": True})
+    assert "· tilefly mx_pdl=True" in out
 
 
 def test_sides_with_exact_casts_stay_apart_and_say_so(runs, tmp_path, capsys):
-    _, a, b = runs
-    data = json.loads(b.read_text())
-    data["inductor_options"] = {"emulate_precision_casts": True}
-    data["tilefly_options"] = {"attention_decode": "off"}
-    assert split.options(data) == "tilefly attention_decode=off, inductor emulate_precision_casts=True"
-    other = tmp_path / b.name
-    other.write_text(json.dumps(data))
-    assert main(["--merge", str(a), str(other), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
-    runs_ = report.load(str(tmp_path / "out" / "e2e.json"))["runs"]
-    assert len(runs_) == 2 and all("note" in row for run in runs_ for row in run["rows"])   # unpaired
-    assert "· tilefly attention_decode=off, inductor emulate_precision_casts=True" in capsys.readouterr().out
+    fields = dict(inductor_options={"emulate_precision_casts": True}, tilefly_options={"attention_decode": "off"})
+    assert split.options(fields) == "tilefly attention_decode=off, inductor emulate_precision_casts=True"
+    out = _merge_b_with(runs, tmp_path, capsys, **fields)
+    assert "· tilefly attention_decode=off, inductor emulate_precision_casts=True" in out
 
 
 def test_other_prompts_are_refused(runs, tmp_path):

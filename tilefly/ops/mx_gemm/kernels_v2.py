@@ -21,8 +21,9 @@ stacked along M for BLOCK_M = 128):
                     then its odd K (no byte shuffles; both operands permuted alike inside each
                     block, so every block's dot product is the same sum, its terms in another order
                     inside the wgmma). Every product of the wgmma is then 2^-12 of the true one,
-                    exactly, and ``add_block`` scales it back (``SHIFTED_PRODUCT_EXP``). Two unpacked buffers alternate by slot parity: slot
-                    s+1 is unpacked while the wgmmas of slot s still read the other one.
+                    exactly, and ``add_block`` scales it back (``SHIFTED_PRODUCT_EXP``). Two unpacked
+                    buffers alternate by slot parity: slot s+1 is unpacked while the wgmmas of slot s
+                    still read the other one.
     MMA             one async FP8 wgmma per scale block (K = 32, one instruction) on a 32-byte
                     K slice of the slot, into a fresh FP32 partial (use_acc=False). Block j+1 is
                     issued before block j's partial is waited for (``warpgroup_mma_wait(1)``), so
@@ -196,11 +197,21 @@ def unpack_fp4_slot(packed, unpacked, ROWS: gl.constexpr, num_warps: gl.constexp
 
 
 @gluon.jit
+def x_block(x_tiles, j: gl.constexpr):
+    """The wgmma A operand of scale block j of a slot: a 32-byte K slice of the FP8 X tile."""
+    return x_tiles.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1)
+
+
+@gluon.jit
+def y_block(y_tiles, j: gl.constexpr):
+    """The wgmma B operand of scale block j of a slot: a 32-byte K slice of the FP8 Y tile."""
+    return y_tiles.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+
+
+@gluon.jit
 def block_operands(x_tiles, y_tiles, j: gl.constexpr):
-    """The wgmma operands of scale block j of a slot: 32-byte K slices of the FP8 tiles."""
-    x = x_tiles.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1)
-    y = y_tiles.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
-    return x, y
+    """The wgmma operands of scale block j of a slot."""
+    return x_block(x_tiles, j), y_block(y_tiles, j)
 
 
 @gluon.jit
@@ -227,8 +238,7 @@ def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, pla
 @gluon.jit
 def x_blocks(x_tiles):
     """The wgmma A operands of a slot's four scale blocks: 32-byte K slices of the unpacked X tile."""
-    return (x_tiles.slice(0, SCALE_BLOCK, dim=1), x_tiles.slice(SCALE_BLOCK, SCALE_BLOCK, dim=1),
-            x_tiles.slice(2 * SCALE_BLOCK, SCALE_BLOCK, dim=1), x_tiles.slice(3 * SCALE_BLOCK, SCALE_BLOCK, dim=1))
+    return x_block(x_tiles, 0), x_block(x_tiles, 1), x_block(x_tiles, 2), x_block(x_tiles, 3)
 
 
 @gluon.jit
@@ -240,17 +250,17 @@ def slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_b
     ``x0``..``x3``: block j's A operand, in shared memory (``x_blocks``) or in registers (X_REGS;
     ptxas keeps a wgmma's A registers until the wait that retires it, and Gluon's ``deps`` take no
     FP8 tensors)."""
-    y_op = y_tiles.slice(0, SCALE_BLOCK, dim=1).permute((1, 0))
+    y_op = y_block(y_tiles, 0)
     even = warpgroup_mma(x0, y_op, even, use_acc=False, is_async=True)
-    y_op = y_tiles.slice(SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    y_op = y_block(y_tiles, 1)
     odd = warpgroup_mma(x1, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
     acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
-    y_op = y_tiles.slice(2 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    y_op = y_block(y_tiles, 2)
     even = warpgroup_mma(x2, y_op, even, use_acc=False, is_async=True)
     odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
     acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, PRODUCT_EXP)
-    y_op = y_tiles.slice(3 * SCALE_BLOCK, SCALE_BLOCK, dim=1).permute((1, 0))
+    y_op = y_block(y_tiles, 3)
     odd = warpgroup_mma(x3, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
     acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, PRODUCT_EXP)
