@@ -139,6 +139,18 @@ def test_sides_with_exact_casts_stay_apart_and_say_so(runs, tmp_path, capsys):
     assert "· tilefly attention_decode=off, inductor emulate_precision_casts=True" in out
 
 
+def test_sides_of_limited_b_families_stay_apart_and_say_so(runs, tmp_path, capsys):
+    """``--b-ops`` is recorded in the run file (a B of fewer families measures something else), and
+    the title of its table says which families B ran, and that the run was eager."""
+    assert main([*ARGS, "--side", "B", "--b-ops", "topk", "rms_norm", "--out", str(tmp_path)]) == 0
+    limited = json.loads((tmp_path / f"{NAME}_B.json").read_text())
+    assert limited["b_ops"] == ["rms_norm", "topk"] and limited["sides"]["B"]["tilefly_ops"] == ["topk", "rms_norm"]
+    assert split.options(limited) == "B ops=rms_norm+topk"
+    capsys.readouterr()
+    out = _merge_b_with(runs, tmp_path, capsys, b_ops=limited["b_ops"])
+    assert "### tiny · bf16 · eager · grouped attention · B ops=rms_norm+topk" in out
+
+
 def test_other_prompts_are_refused(runs, tmp_path):
     _, a, _ = runs
     assert main([*ARGS, "--concurrency", "3", "--seed", "1", "--side", "B", "--out", str(tmp_path)]) == 0

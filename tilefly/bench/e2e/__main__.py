@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
                     sides=sides, code_dir=args.out if args.save_code else None, profile_steps=args.profile,
                     attention=args.attention, mx_swizzle=args.mx_swizzle, exact_casts=args.exact_casts)
     record.update(env)
+    if args.b_ops:     # kept apart from runs of B's default families (split.options)
+        record["b_ops"] = sorted(args.b_ops)
     name = f"run_{args.model}_{args.precision}_c{'-'.join(map(str, args.concurrency))}"
     name += "" if args.side == "both" else f"_{args.side}"
     path = os.path.join(args.out, name + ".json")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from typing import Any
 
 from tilefly.bench.e2e import profile as e2e_profile
@@ -169,7 +170,8 @@ def _title(run: dict[str, Any]) -> str:
     """Model, precision and what else keeps runs apart (the default scale layout goes unsaid)."""
     layout = "" if split.mx_swizzle(run) in (None, "32_4_4") else f" · {split.mx_swizzle(run)} scale layout"
     options = f" · {split.options(run)}" if split.options(run) else ""
-    return f"{run['model']} · {run['precision']} · {split.attention(run)} attention{layout}{options}"
+    eager = "" if run.get("compile_mode") else " · eager"
+    return f"{run['model']} · {run['precision']}{eager} · {split.attention(run)} attention{layout}{options}"
 
 
 def markdown(merged: dict[str, Any]) -> str:
@@ -231,7 +233,7 @@ def plot(merged: dict[str, Any], path: str) -> str | None:
         ax.set_xlabel("concurrency")
         ax.set_ylabel("output tok/s")
         ax.set_ylim(bottom=0)
-        ax.set_title(_title(run), fontsize=8)
+        ax.set_title("\n".join(textwrap.wrap(_title(run), 64)), fontsize=8)   # long option lists fit the panel
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -46,11 +46,13 @@ def attention(run: dict[str, Any]) -> str:
 
 
 def options(run: dict[str, Any]) -> str:
-    """The tilefly options the run set away from their defaults, then its Inductor options (``--exact-casts``),
-    as one string (empty: none). Runs of different options are never paired or merged."""
+    """The tilefly options the run set away from their defaults, side B's families when ``--b-ops`` limited
+    them, then its Inductor options (``--exact-casts``), as one string (empty: none). Runs of different
+    options are never paired or merged."""
     tilefly = [f"tilefly {name}={value}" for name, value in sorted(run.get("tilefly_options", {}).items())]
+    b_ops = [f"B ops={'+'.join(run['b_ops'])}"] if run.get("b_ops") else []
     inductor = [f"inductor {name}={value}" for name, value in sorted(run.get("inductor_options", {}).items())]
-    return ", ".join(tilefly + inductor)
+    return ", ".join(tilefly + b_ops + inductor)
 
 
 def mx_swizzle(run: dict[str, Any]) -> str | None:
