@@ -65,7 +65,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="compile only the decode step (halves compile and autotuning time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--b-ops", nargs="+", metavar="FAMILY",
-                   help="tilefly families enabled on side B (default: those tilefly.enable() installs)")
+                   help="tilefly families enabled on side B (default: those tilefly.enable() installs); the run "
+                        "file records them and the report keeps such runs apart")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--merge", nargs="+", metavar="FILE.json", help="merge run files into --out/e2e.*")
     p.add_argument("--no-plot", action="store_true")
