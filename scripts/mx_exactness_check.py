@@ -39,10 +39,10 @@ def main() -> None:
         stock = torch.mm(a_dq, b_dq.t())
         exact = torch.mm(a_dq.double(), b_dq.double().t())
         scale = exact.abs().max().item()
-        print(f"\n{args.fmt} {shape}: stock vs float64 {((stock.double() - exact).abs().max().item() / scale):.2e}; "
-              f"pick {configs.pick(max(m, n), min(m, n), k, args.fmt).name}", flush=True)
-        p = eligibility.parse(a.data, b.data.t(), a.scale, b.scale, False, False)
         rows, cols = max(m, n), min(m, n)
+        print(f"\n{args.fmt} {shape}: stock vs float64 {((stock.double() - exact).abs().max().item() / scale):.2e}; "
+              f"pick {configs.pick(rows, cols, k, args.fmt).name}", flush=True)
+        p = eligibility.parse(a.data, b.data.t(), a.scale, b.scale, False, False)
         for cfg in [None] + configs.offered(rows, cols, k, args.fmt):
             outs = []
             for _ in range(2):
