@@ -181,7 +181,7 @@ def test_staged_plan_keeps_each_split_within_its_scale_slots(launch_cpu, slots):
     assert unstaged.constexprs["SCALE_SLOTS"] == 0
 
 
-@pytest.mark.parametrize("n, splits", [(1024, 8), (4096, 4)])
+@pytest.mark.parametrize("n, splits", [(1024, 8), (4096, 6)])
 def test_decode_plan_counts_a_cost_per_split(launch_cpu, n, splits):
     """MXFP8 decode probe at d1dbf60, picked tile, 32 tokens x K 4096: the K / V projection (N 1024,
     16 row tiles) ran fastest in 8 splits of 4 slots (11.3 us; 16 splits of 2: 12.8), N 4096 in 4
@@ -248,6 +248,36 @@ COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words
 def test_v2_compiles_with_async_wgmma_and_no_spills(name):
     pytest.importorskip("triton")
     assert_compiles_without_spills(name)
+
+
+def _decode_picks():
+    """Each distinct staged build ``pick`` runs on the Llama-3.1-8B projections at 8-64 tokens."""
+    picks = []
+    for fmt in mx.FORMATS:
+        for tokens in (8, 16, 32, 64):
+            for n, k in ((6144, 4096), (28672, 4096), (4096, 4096), (4096, 14336)):
+                cfg = configs.pick(n, tokens, k, fmt)
+                if cfg.scale_slots and (fmt, cfg) not in picks:
+                    picks.append((fmt, cfg))
+    return picks
+
+
+@pytest.mark.parametrize("fmt, cfg", _decode_picks(), ids=lambda v: getattr(v, "name", v))
+def test_split_planner_counts_the_programs_ptxas_lets_an_sm_hold(fmt, cfg):
+    """The split planner sizes a launch by ``resident`` programs an SM: with too few it splits K less
+    than the SMs could take (ptxas gives 64x32 with X from registers 128 registers, which the model
+    counted as 176: 2 programs an SM planned, 3 running), with too many a wave spills over."""
+    pytest.importorskip("triton")
+    import functools
+
+    from tilefly.compile_check import KernelSpec, compile_one
+
+    sig, constexprs = configs.kernel_signature(cfg, fmt, False, False, 0, "bf16", True, True)
+    result = compile_one(KernelSpec(name=cfg.name, kernel=functools.partial(configs.kernel_of, cfg), signature=sig,
+                                    constexprs=constexprs, num_warps=cfg.num_warps, gluon=True))
+    assert result.ok, result.error
+    by_ptxas = configs.programs_per_sm(result.shared + configs.SMEM_RESERVE, cfg.num_warps, result.registers)
+    assert configs.resident(cfg, fmt) == by_ptxas, f"{result.registers} registers, {result.shared} bytes shared"
 
 
 # ---- on the H200 ----------------------------------------------------------------------------------

@@ -60,7 +60,12 @@ STAGED_SLOTS = (8, 16, 32)
 SPLIT_COST_STEPS = 0.5
 V2_STAGED_SLOTS = 16
 V2_STAGED_STAGES = 4
-V2_STAGED_REGS = 176        # sm_90a, triton 3.6: 168 for 128x32 over 4 warps (no per-slot scale addresses), 59-114 below
+# Registers a thread of a staged build takes, by FP32 accumulator values a thread: ptxas (sm_90a, triton 3.6)
+# gives the pick's builds 76-128 at <= 16 values (X from registers included: 64x32 and 128x16 128) and 168-219
+# at 32, so the planner counts 3 programs an SM below 32 values and 2 at 32 (test_mx_v2 compiles each pick's
+# build and checks the count it plans with against ptxas's).
+V2_STAGED_REGS_NARROW = 128     # <= 16 accumulator values a thread
+V2_STAGED_REGS = 224            # 32
 # v3 (kernels_v3.py): operands upcast to BF16 in the CTA; one or two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
 V3_BF16_BYTES = 4 * 32 * 2         # shared bytes per tile row and buffer set (X and Y rows alike)
@@ -163,7 +168,10 @@ def resident(cfg: MXConfig, fmt: str) -> int:
     """Programs of ``cfg`` one SM runs at once, as shared memory and registers allow."""
     regs = REGS_PER_THREAD
     if cfg.kernel in (2, 4):
-        regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_STAGED_REGS if cfg.scale_slots else V2_REGS_PER_THREAD
+        if cfg.scale_slots:
+            regs = V2_STAGED_REGS_NARROW if cfg.acc_values() <= 16 else V2_STAGED_REGS
+        else:
+            regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
     elif cfg.kernel == 3:
         regs = V3_REGS_PER_THREAD
     return programs_per_sm(cfg.smem_bytes(fmt), cfg.num_warps, regs)
