@@ -60,12 +60,13 @@ STAGED_SLOTS = (8, 16, 32)
 SPLIT_COST_STEPS = 0.5
 V2_STAGED_SLOTS = 16
 V2_STAGED_STAGES = 4
-# Registers a thread of a staged build takes, by FP32 accumulator values a thread: ptxas (sm_90a, triton 3.6)
-# gives the pick's builds 76-128 at <= 16 values (X from registers included: 64x32 and 128x16 128) and 168-219
-# at 32, so the planner counts 3 programs an SM below 32 values and 2 at 32 (test_mx_v2 compiles each pick's
-# build and checks the count it plans with against ptxas's).
-V2_STAGED_REGS_NARROW = 128     # <= 16 accumulator values a thread
-V2_STAGED_REGS = 224            # 32
+# Registers the split planner counts for a staged build. ptxas (sm_90a, triton 3.6) gives the pick's builds
+# 76-128 at <= 16 FP32 accumulator values a thread and 168-219 at 32, so 64x32 and 128x16 with X from
+# registers (128) could run 3 programs an SM, not the 2 planned. Planning with 3 split K further and was
+# slower where it changed the plan on the Llama-3.1-8B MXFP4 e2e at 16 requests (52ee3b7, BENCHMARKS.md
+# session 35: 16 x 28672 x 4096 2 -> 3 splits 33.2 -> 34.9 us, 16 x 4096 x 14336 8 -> 12 20.9 -> 22.9), so
+# the planner keeps 2; test_mx_v2 checks against ptxas that it never counts more than fit.
+V2_STAGED_REGS = 176
 # v3 (kernels_v3.py): operands upcast to BF16 in the CTA; one or two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
 V3_BF16_BYTES = 4 * 32 * 2         # shared bytes per tile row and buffer set (X and Y rows alike)
@@ -168,10 +169,7 @@ def resident(cfg: MXConfig, fmt: str) -> int:
     """Programs of ``cfg`` one SM runs at once, as shared memory and registers allow."""
     regs = REGS_PER_THREAD
     if cfg.kernel in (2, 4):
-        if cfg.scale_slots:
-            regs = V2_STAGED_REGS_NARROW if cfg.acc_values() <= 16 else V2_STAGED_REGS
-        else:
-            regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_REGS_PER_THREAD
+        regs = V2_REGS_SKINNY if cfg.acc_values() <= 8 else V2_STAGED_REGS if cfg.scale_slots else V2_REGS_PER_THREAD
     elif cfg.kernel == 3:
         regs = V3_REGS_PER_THREAD
     return programs_per_sm(cfg.smem_bytes(fmt), cfg.num_warps, regs)
