@@ -184,3 +184,58 @@ def test_exact_casts_are_recorded_only_for_compiled_runs():
     eager = ab.run_ab("tiny", "mxfp4", [2], input_len=4, output_len=2, device="cpu", compile_mode=None,
                       sides=(ab.SIDE_A,), exact_casts=True, log=open("/dev/null", "w"))
     assert "inductor_options" not in eager   # nothing was compiled, so no cast was emulated
+
+
+class TritonTemplateCaller:   # stand-ins named as Inductor's ChoiceCaller classes (picks.family reads the name)
+    def __init__(self, name):
+        self.name = name
+
+
+class ExternKernelCaller(TritonTemplateCaller):
+    pass
+
+
+class _Node:
+    def __init__(self, *size):
+        self.size = size
+
+    def get_size(self):
+        return list(self.size)
+
+
+def test_race_keeps_each_familys_best_time_and_the_winner():
+    from tilefly.bench.e2e import picks
+
+    timings = {TritonTemplateCaller("triton_mm_1"): 0.0310, TritonTemplateCaller("triton_mm_2"): 0.0295,
+               ExternKernelCaller("mm"): 0.0400, ExternKernelCaller("tilefly_mm_splitk64x32x128_s8_w4_k16_v1"): 0.0301,
+               ExternKernelCaller("tilefly_mm_splitk128x32x128_s5_w4_k16_v1"): float("inf")}   # failed to run
+    record = picks.race(timings, "mm", [_Node(32, 4096), _Node(4096, 14336)])
+    assert record == {"op": "mm", "shapes": [[32, 4096], [4096, 14336]],
+                      "us": {"aten": 40.0, "tilefly": 30.1, "triton": 29.5},
+                      "winner": "triton", "winner_choice": "triton_mm_2"}
+    assert picks.race({ExternKernelCaller("mm"): float("inf")}, "mm", [])["us"] == {}
+
+
+def test_record_races_follows_inductors_feedback_hook_and_leaves_it_clean():
+    from torch._inductor import select_algorithm
+
+    from tilefly.bench.e2e import picks
+
+    cache = select_algorithm.get_algorithm_selector_cache()
+    before = list(cache.feedback_saver_fns)
+    won = {ExternKernelCaller("tilefly_mm_splitk64x32x128_s8_w4_k16_v1"): 0.010, ExternKernelCaller("mm"): 0.012}
+    lost = {ExternKernelCaller("tilefly_mm_splitk64x32x128_s8_w4_k16_v1"): 0.0315,
+            TritonTemplateCaller("triton_mm_3"): 0.0300}
+    with picks.record_races() as races:
+        for timings in (won, lost):   # as Inductor calls each saver after benchmarking one selection
+            for fn in cache.feedback_saver_fns:
+                fn(timings, "mm", [_Node(32, 4096), _Node(4096, 4096)], list(timings), lambda: {}, {})
+    assert cache.feedback_saver_fns == before
+    assert [r["winner"] for r in races] == ["tilefly", "triton"]
+    assert picks.describe_races(races) == ("autotuning races: tilefly fastest in 1 of 2; where it lost, its time "
+                                           "over the winner's: median 1.05x, closest 1.05x")
+    assert picks.describe_races([picks.race({ExternKernelCaller("mm"): 0.01}, "mm", [])]) == (
+        "autotuning races 1, none with a tilefly candidate")
+    p = {"captured": 1, "tilefly": {}, "triton_templates": 1, "aten_gemm_calls": 0, "races": races}
+    assert picks.describe(p).endswith("ATen calls 0; autotuning races: tilefly fastest in 1 of 2; where it lost, "
+                                      "its time over the winner's: median 1.05x, closest 1.05x")

@@ -140,7 +140,8 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
         eng = engine.Engine(model, cache, batch, input_len, output_len, compile_mode=compile_mode,
                             compile_prefill=compile_prefill)
         before = _compile_counters()
-        with picks.capture_code() if compiled else contextlib.nullcontext([]) as codes:
+        with (picks.capture_code() if compiled else contextlib.nullcontext([]) as codes,
+              picks.record_races() if compiled else contextlib.nullcontext([]) as races):
             warm = eng.generate(prompts, steps=min(output_len, max(engine.WARM_STEPS, capture)), capture=capture)
         compile_stats = {k: v - before[k] for k, v in _compile_counters().items()}
         timed = [eng.generate(prompts) for _ in range(max(1, runs))]
@@ -150,6 +151,8 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
     metrics["compile_s"] = warm.total_s
     if compiled:
         metrics["picks"] = picks.picks(codes)
+        if races:
+            metrics["picks"]["races"] = races
         metrics.update(compile_stats)
         if code_path and codes:
             with open(code_path, "w", encoding="utf-8") as f:
