@@ -60,12 +60,13 @@ STAGED_SLOTS = (8, 16, 32)
 SPLIT_COST_STEPS = 0.5
 V2_STAGED_SLOTS = 16
 V2_STAGED_STAGES = 4
-# Registers the split planner counts for a staged build. ptxas (sm_90a, triton 3.6) gives the pick's builds
-# 76-128 at <= 16 FP32 accumulator values a thread and 168-219 at 32, so 64x32 and 128x16 with X from
-# registers (128) could run 3 programs an SM, not the 2 planned. Planning with 3 split K further and was
-# slower where it changed the plan on the Llama-3.1-8B MXFP4 e2e at 16 requests (52ee3b7, BENCHMARKS.md
-# session 35: 16 x 28672 x 4096 2 -> 3 splits 33.2 -> 34.9 us, 16 x 4096 x 14336 8 -> 12 20.9 -> 22.9), so
-# the planner keeps 2; test_mx_v2 checks against ptxas that it never counts more than fit.
+# Registers the split planner counts for a staged build above 8 accumulator values a thread (V2_REGS_SKINNY at
+# 8 and fewer). ptxas (sm_90a, triton 3.6) gives the 16-value picks 110-128 (64x32 and 128x16 with X from registers:
+# 128) and the 32-value ones 168-219, so the 16-value builds could run 3 programs an SM, not the 2 planned.
+# Planning with 3 (52ee3b7, BENCHMARKS.md session 35) split K further with mixed results in the Llama-3.1-8B
+# MXFP4 e2e: 32 x 6144 x 4096 2 -> 4 splits 18.3 -> 15.5 us, but 32 x 4096 x 4096 4 -> 6 12.9 -> 13.7,
+# 16 x 28672 x 4096 2 -> 3 33.2 -> 34.9 and 16 x 4096 x 14336 8 -> 12 20.9 -> 22.9; so the planner keeps 2.
+# test_mx_v2 checks against ptxas that it never counts more programs than fit.
 V2_STAGED_REGS = 176
 # v3 (kernels_v3.py): operands upcast to BF16 in the CTA; one or two sets of four [rows, 32] BF16 K-block
 # buffers beside the ring; only the accumulator lives across the loop (at most 64 values a thread).
