@@ -10,6 +10,10 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
   call when the host is slower than the GPU) against ``torch.mm``'s.
 
     python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--kernels 2,3] [--profile]
+                                      [--picked --splits auto,2,4,8 --json FILE --commit SHA]
+
+``--json`` writes every timed row; ``python -m tilefly.ops.mx_gemm.split_tuning FILE`` turns the picked
+build's rows into the GPU's split tuning database (the fastest count per shape).
 
 ``--profile`` then runs each shape's picked and fastest builds once more between
 ``cudaProfilerStart``/``Stop`` for ``ncu --profile-from-start off``. ``--host-profile`` instead
@@ -19,6 +23,7 @@ and format (first timed without the profiler), top entries by own and by cumulat
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import replace
 
@@ -68,25 +73,37 @@ def main() -> None:
     ap.add_argument("--picked", action="store_true",
                     help="time only the pick's build (over --splits): a quick sweep for the split planner")
     ap.add_argument("--host-profile", action="store_true")
+    ap.add_argument("--json", help="also write every timed row here (the split tuning database's input: "
+                    "python -m tilefly.ops.mx_gemm.split_tuning FILE)")
+    ap.add_argument("--commit", default="unknown", help="the commit measured, recorded in --json")
     args = ap.parse_args()
     if args.host_profile:
         return host_profile(args.fmt.split(",")[0], (args.shape or SHAPES)[0])
 
     import tilefly
     from tilefly.bench.timing import QUICK, measure
-    from tilefly.ops.mx_gemm import configs, eligibility, launch
+    from tilefly.ops.mx_gemm import configs, eligibility, launch, split_tuning
 
     tilefly.enable()
     chosen_splits: list[int] = []
-    real_choose = launch.choose_splits
+    real_choose, real_measured = launch.choose_splits, split_tuning.splits_for
     forced: list[int | None] = [None]
+    timed_rows: list[dict] = []
 
     def choose(cfg, tiles, k_steps, slots, split_cost=0.0):
         s = real_choose(cfg, tiles, k_steps, slots, split_cost) if forced[0] is None else min(forced[0], k_steps)
         chosen_splits.append(s)
         return s
 
+    def measured(device_index, fmt, cfg, rows, cols, k):
+        """The tuning database's count ('auto' runs what the launcher runs); none while a count is forced."""
+        s = None if forced[0] is not None else real_measured(device_index, fmt, cfg, rows, cols, k)
+        if s is not None:
+            chosen_splits.append(s)
+        return s
+
     launch.choose_splits = choose
+    split_tuning.splits_for = measured
     profile: list = []
     for fmt in args.fmt.split(","):
         for shape in args.shape or SHAPES:
@@ -125,6 +142,11 @@ def main() -> None:
                         continue
                     s = max(chosen_splits[-1], least) if chosen_splits else "?"
                     tag = "auto" if splits is None else "    "
+                    if s != "?":
+                        timed_rows.append({"fmt": fmt, "build": split_tuning.build_name(cfg), "rows": rows,
+                                           "cols": cols, "k": k, "splits": s, "us": round(us, 3),
+                                           "auto": splits is None,
+                                           "picked": split_tuning.build_name(cfg) == split_tuning.build_name(picked)})
                     print(f"  {us:7.1f} us  {w_bytes / us / 1e6:5.2f} TB/s  x bf16 {bf16_us / us:4.2f}  "
                           f"{cfg.name:<24} splits={s} {tag}", flush=True)
                     if best is None or us < best[0]:
@@ -143,6 +165,11 @@ def main() -> None:
                             launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=picked)))
             profile.append((f"{fmt} {shape} best", lambda best=best, p=p, a=a, b=b, out=out:
                             _forced_run(launch, forced, p, a, b, out, best)))
+    if args.json:
+        props = torch.cuda.get_device_properties(0)
+        with open(args.json, "w") as f:
+            json.dump({"gpu": props.name, "capability": [props.major, props.minor], "torch": torch.__version__,
+                       "commit": args.commit, "rows": timed_rows}, f, indent=1)
     if args.profile:
         launch._plans.clear()
         for _, fn in profile:

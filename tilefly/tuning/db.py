@@ -15,6 +15,7 @@ with a message that names the file and the offending entry.
 from __future__ import annotations
 
 import bisect
+import datetime
 import functools
 import json
 import re
@@ -62,6 +63,24 @@ def device_gpu_key(index: int) -> str:
 def shipped_path(family: str, key: str) -> Path:
     """Where the package keeps ``family``'s database for GPU ``key`` (the file may not exist)."""
     return DATA_DIR / f"{family}_{key}.json"
+
+
+def probe_runs(paths: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[int, int]]:
+    """The JSON files a probe wrote for a database's CLI, and the one GPU (name, capability) they
+    measured; DatabaseError when they come from several."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    gpus = {(r["gpu"], tuple(r["capability"])) for r in runs}
+    if len(gpus) != 1:
+        raise DatabaseError(f"the probe files come from different GPUs: {sorted(gpus)}")
+    (gpu, capability), = gpus
+    return runs, gpu, capability
+
+
+def new_header(version: int, gpu: str, torch_version: str, tuner_args: dict[str, Any]) -> dict[str, Any]:
+    """A database file's header, created now."""
+    return {"version": version, "gpu": gpu, "torch": torch_version,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "tuner_args": tuner_args}
 
 
 def floor_bin(value: int, bins: Sequence[int]) -> int | None:

@@ -23,9 +23,7 @@ writes ``tilefly/tuning/data/attention_decode_<gpu>.json`` (or PATH).
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import logging
 import math
 import sys
@@ -165,11 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, help="query rows a head, for probe rows that do not record it")
     ap.add_argument("--head-dim", type=int, help="head dim, for probe rows that do not record it")
     args = ap.parse_args(argv)
-    runs = [json.load(open(p)) for p in args.probes]
-    gpus = {(r["gpu"], tuple(r["capability"])) for r in runs}
-    if len(gpus) != 1:
-        ap.error(f"the probe files come from different GPUs: {sorted(gpus)}")
-    (gpu, capability), = gpus
+    try:
+        runs, gpu, capability = tdb.probe_runs(args.probes)
+    except tdb.DatabaseError as exc:
+        ap.error(str(exc))
     layout = {k: v for k, v in (("rows", args.rows), ("head_dim", args.head_dim)) if v is not None}
     rows = [{**layout, **row} for r in runs for row in r["rows"]]
     missing = sorted({k for row in rows for k in ("rows", "head_dim") if k not in row})
@@ -177,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"probe rows without {' and '.join(missing)}: name the layout they measured with "
                  + " ".join(f"--{k.replace('_', '-')}" for k in missing))
     entries = entries_from_probe(rows)
-    header = {"version": VERSION, "gpu": gpu, "torch": runs[0].get("torch", ""),
-              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "tuner_args": {"probes": [p.rsplit("/", 1)[-1] for p in args.probes], **layout}}
+    header = tdb.new_header(VERSION, gpu, runs[0].get("torch", ""),
+                            {"probes": [p.rsplit("/", 1)[-1] for p in args.probes], **layout})
     path = args.out or tdb.shipped_path(FAMILY, tdb.gpu_key(gpu, capability))
     tdb.write(path, header, entries)
     for e in entries:

@@ -12,7 +12,8 @@
 
 K-splits: the small-M shapes have few row tiles (4096 / 128 = 32 for a 4096-wide weight), so
 K is split over enough programs to fill the SMs, ``configs.resident`` programs each
-(tilefly.ops.gemm.configs.choose_splits); the
+(tilefly.ops.gemm.configs.choose_splits), or as many as the GPU's split tuning database measured
+fastest for a staged build on that exact shape (``split_tuning``); the
 partials and per-tile tickets live in the dense GEMM's grow-only per-stream buffers.
 
 v2 configs (``cfg.kernel == 2``, kernels_v2) take 128-K-element boxes and split K in such slots;
@@ -40,7 +41,7 @@ from tilefly import _device, config
 from tilefly.ops.gemm.configs import choose_splits
 from tilefly._triton_launch import Address
 from tilefly.ops.gemm.launch import Launch, run_cached
-from tilefly.ops.mx_gemm import configs
+from tilefly.ops.mx_gemm import configs, split_tuning
 from tilefly.ops.mx_gemm.configs import MXConfig
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
@@ -101,10 +102,13 @@ def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     return out
 
 
-def plan_splits(cfg, tiles: int, k: int, fmt: str, sms: int) -> tuple[int, int]:
-    """(K-splits, K-steps a split) of ``tiles`` output tiles of ``cfg`` on ``sms`` SMs."""
+def plan_splits(cfg, tiles: int, k: int, fmt: str, sms: int, measured: int | None = None) -> tuple[int, int]:
+    """(K-splits, K-steps a split) of ``tiles`` output tiles of ``cfg`` on ``sms`` SMs; ``measured``:
+    the split tuning database's count for the shape, which replaces the model's."""
     k_steps = _cdiv(k, cfg.block_k)              # ring slots along K (v1: the K-blocks)
-    splits = choose_splits(cfg, tiles, k_steps, sms * configs.resident(cfg, fmt), configs.SPLIT_COST_STEPS)
+    splits = measured or choose_splits(cfg, tiles, k_steps, sms * configs.resident(cfg, fmt),
+                                       configs.SPLIT_COST_STEPS)
+    splits = min(splits, k_steps)
     per_split = _cdiv(k_steps, max(splits, cfg.min_splits(k)))
     return _cdiv(k_steps, per_split), per_split
 
@@ -129,7 +133,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
     tiles = _cdiv(rows, cfg.block_m) * _cdiv(cols, cfg.block_n)
     k_blocks = p.k // SCALE_BLOCK
-    splits, per_split = plan_splits(cfg, tiles, p.k, p.fmt, _device.sm_count(out))
+    measured = split_tuning.splits_for(out.device.index, p.fmt, cfg, rows, cols, p.k) if cfg.scale_slots else None
+    splits, per_split = plan_splits(cfg, tiles, p.k, p.fmt, _device.sm_count(out), measured)
 
     bias_arg = out if bias is None else bias
     args = [x_desc, y_desc, Address(sx.data_ptr(), torch.uint8), Address(sy.data_ptr(), torch.uint8),
