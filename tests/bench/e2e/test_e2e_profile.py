@@ -82,3 +82,25 @@ def test_profile_decode_runs_on_a_cpu_model():
     assert table["busy_us_per_step"] == 0 and table["top"] == [] and table["wall_us_per_step"] > 0
     # the profiled steps continued from the prefill: the cache holds prompt + 5 tokens
     assert int(cache.layers[0].cumulative_length) == 8 + 5
+
+
+def test_a_one_program_inductor_reduction_marks_the_step_suspect():
+    """Session 35: a compile put a 32-row fused RMSNorm in one program (200 µs a call, 4.4 in 32)."""
+    table = profile.kernel_table([("triton_red_fused_add_mean_mul_pow_rsqrt_13", 3000.0, 15)], steps=1)
+    table["wall_us_per_step"] = 3500.0
+    slow = {"name": "triton_red_fused_add_mean_mul_pow_rsqrt_13", "grid": [1, 1, 1], "us_per_step": 3000.0,
+            "calls_per_step": 15.0, "us_per_call": 200.0}
+    table["launches"] = [slow,
+                         {**slow, "name": "triton_red_fused__unsafe_view_argmax_select_16", "us_per_call": 20.0},
+                         {**slow, "grid": [32, 1, 1], "us_per_call": 90.0},               # many programs
+                         {**slow, "name": "mx_gemm_v2_kernel", "grid": [1, 1, 1], "us_per_call": 90.0}]   # not Inductor's
+    assert profile.lone_programs(table) == [slow]
+    assert profile.describe(table).endswith(
+        "; SUSPECT COMPILE, one-program Inductor kernels (profile.lone_programs): "
+        "triton_red_fused_add_mean_mul_pow_rsqrt_13 200 µs a call")
+    table["busy_us_per_step"] = 200.0 / profile.LONE_PROGRAM_SHARE + 1.0   # once a step, under 2% of it
+    slow["us_per_step"] = 200.0
+    assert profile.lone_programs(table) == []
+    table["busy_us_per_step"] = 3000.0
+    table["launches"] = table["launches"][1:]
+    assert "SUSPECT" not in profile.describe(table)
