@@ -34,6 +34,10 @@ class DatabaseError(ValueError):
     """A tuning database file that cannot be used (missing, unreadable, or failing its schema)."""
 
 
+class MissingDatabase(DatabaseError):
+    """No file at the path: a GPU the package ships no database for."""
+
+
 @dataclass(frozen=True)
 class Database:
     path: str
@@ -95,7 +99,7 @@ def load(path: str | Path, version: int, validate_entry: Callable[[dict[str, Any
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise DatabaseError(f"{path}: no such file") from None
+        raise MissingDatabase(f"{path}: no such file") from None
     except OSError as exc:
         raise DatabaseError(f"{path}: cannot read ({exc})") from None
     try:
@@ -120,6 +124,19 @@ def load(path: str | Path, version: int, validate_entry: Callable[[dict[str, Any
             raise DatabaseError(f"{path}: entry {i}: {problem}")
     header = {k: v for k, v in data.items() if k != "entries"}
     return Database(str(path), header, tuple(entries))
+
+
+def entries_or_none(path: str | Path, version: int, validate_entry: Callable[[dict[str, Any]], str | None],
+                    warn: Callable[[str], None]) -> tuple[dict[str, Any], ...]:
+    """A shipped database's entries for a dispatch path: none when the file is missing (quietly: the
+    caller's default serves) or bad (``warn`` gets the reason; callers cache the result, so once)."""
+    try:
+        return load(path, version, validate_entry).entries
+    except MissingDatabase:
+        return ()
+    except DatabaseError as exc:
+        warn(str(exc))
+        return ()
 
 
 def dumps(header: dict[str, Any], entries: Iterable[dict[str, Any]]) -> str:

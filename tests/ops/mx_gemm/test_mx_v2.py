@@ -268,13 +268,9 @@ def test_split_planner_never_counts_more_programs_than_ptxas_lets_an_sm_hold(fmt
     and shared memory of the real build allow would spill the last wave onto SMs already full. (It may
     count fewer: configs.V2_STAGED_REGS says where and why.)"""
     pytest.importorskip("triton")
-    import functools
+    from tilefly.compile_check import compile_one
 
-    from tilefly.compile_check import KernelSpec, compile_one
-
-    sig, constexprs = configs.kernel_signature(cfg, fmt, False, False, 0, "bf16", True, True)
-    result = compile_one(KernelSpec(name=cfg.name, kernel=functools.partial(configs.kernel_of, cfg), signature=sig,
-                                    constexprs=constexprs, num_warps=cfg.num_warps, gluon=True))
+    result = compile_one(configs.compile_spec(fmt, cfg))
     assert result.ok, result.error
     by_ptxas = configs.programs_per_sm(result.shared + configs.SMEM_RESERVE, cfg.num_warps, result.registers)
     assert configs.resident(cfg, fmt) <= by_ptxas, f"{result.registers} registers, {result.shared} bytes shared"

@@ -148,12 +148,8 @@ def _pick(path: str, programs: int, keys: int, rows: int, head_dim: int):
 @functools.lru_cache(maxsize=16)
 def _entries(path: str) -> tuple[dict[str, Any], ...]:
     """The database's entries; none when it is missing (quietly: the default serves) or bad (warned once)."""
-    try:
-        return load(path).entries
-    except tdb.DatabaseError as exc:
-        if "no such file" not in str(exc):
-            _log.warning("tilefly decode attention: %s; the default config serves", exc)
-        return ()
+    return tdb.entries_or_none(path, VERSION, validate_entry,
+                               lambda why: _log.warning("tilefly decode attention: %s; the default config serves", why))
 
 
 def main(argv: list[str] | None = None) -> int:

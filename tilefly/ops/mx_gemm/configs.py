@@ -402,8 +402,6 @@ def compile_specs():
     BF16 out, the skinny swap's column-contiguous output), plus swizzled scales, bias and FP16
     on one config per format and kernel, v2's byte-wise scale loads, every v4 build ``pick`` runs, and
     each format's 32-token decode pick with programmatic dependent launch (``pdl``)."""
-    from tilefly.compile_check import KernelSpec
-
     variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
     for fmt in FORMATS:
         cfg = v1_pick(4096, 16, 4096, fmt)
@@ -431,14 +429,18 @@ def compile_specs():
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
-    specs = []
-    for fmt, cfg, xs, ys, bias, out, rows, words in variants:
-        sig, constexprs = kernel_signature(cfg, fmt, xs, ys, bias, out, rows, words)
-        specs.append(KernelSpec(
-            name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
-            kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
-            num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg)))
-    return specs + requant_specs() + upcast_specs() + quantize_specs()
+    return [compile_spec(*variant) for variant in variants] + requant_specs() + upcast_specs() + quantize_specs()
+
+
+def compile_spec(fmt: str, cfg: MXConfig, xs: bool = False, ys: bool = False, bias: int = 0, out: str = "bf16",
+                 rows: bool = True, words: bool = True):
+    """The KernelSpec of ``cfg``'s build for one variant (defaults: the benchmark's, as ``compile_specs``)."""
+    from tilefly.compile_check import KernelSpec
+
+    sig, constexprs = kernel_signature(cfg, fmt, xs, ys, bias, out, rows, words)
+    return KernelSpec(name=_spec_name(cfg, fmt, xs, ys, bias, out, rows, words),
+                      kernel=functools.partial(kernel_of, cfg), signature=sig, constexprs=constexprs,
+                      num_warps=cfg.num_warps, gluon=True, sass_must_contain=sass_markers(cfg))
 
 
 def requant_specs():

@@ -71,8 +71,9 @@ def entries_from_probe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     entries = []
     for (fmt, build, rows_, cols, k), times in sorted(timed.items()):
         splits = min(times, key=lambda s: (times[s], s))
+        timed_us = {str(s): round(t, 2) for s, t in sorted(times.items())}
         entries.append({"fmt": fmt, "build": build, "rows": rows_, "cols": cols, "k": k, "splits": splits,
-                        "us": round(times[splits], 2), "timed": {str(s): round(t, 2) for s, t in sorted(times.items())}})
+                        "us": round(times[splits], 2), "timed": timed_us})
     return entries
 
 
@@ -92,12 +93,10 @@ def _shipped(device_index: int) -> str:
 @functools.lru_cache(maxsize=16)
 def _table(path: str) -> dict[tuple, int]:
     """(fmt, build, rows, cols, k) -> splits; empty when the file is missing (quietly) or bad (warned once)."""
-    try:
-        entries = load(path).entries
-    except tdb.DatabaseError as exc:
-        if "no such file" not in str(exc):
-            _log.warning("tilefly MX GEMM: %s; the split planner's model serves", exc)
-        return {}
+    def warn(why: str) -> None:
+        _log.warning("tilefly MX GEMM: %s; the split planner's model serves", why)
+
+    entries = tdb.entries_or_none(path, VERSION, validate_entry, warn)
     return {(e["fmt"], e["build"], e["rows"], e["cols"], e["k"]): e["splits"] for e in entries}
 
 
