@@ -167,3 +167,86 @@ def test_install_replaces_a_handler_inductor_already_cached():
     assert isinstance(V.choices, _inductor.TileflyChoices)
     _inductor.uninstall()
     assert type(V.choices) is InductorChoices
+
+
+# ---- how Inductor times tilefly's candidates (extern_choice) -----------------------------------
+
+@pytest.mark.parametrize("option, cudagraphs, graph", [
+    ("auto", True, True), ("auto", False, False), ("graph", False, True), ("inductor", True, False)])
+def test_graph_timed_follows_the_option_and_inductors_cuda_graphs(monkeypatch, option, cudagraphs, graph):
+    monkeypatch.setattr(config, "gemm_race_timing", option)
+    with inductor_config.patch({"triton.cudagraphs": cudagraphs}):
+        assert _inductor.graph_timed() is graph
+
+
+def test_race_timing_option_rejects_unknown_values():
+    with pytest.raises(ValueError, match="gemm_race_timing|auto, graph, inductor"):
+        config.gemm_race_timing = "events"
+
+
+def _bound_caller(name="tilefly_mm_probe_v1"):
+    import torch
+    from torch._inductor.ir import FixedLayout
+    from torch._inductor.select_algorithm import ExternKernelCaller, ExternKernelChoice, extern_kernels
+
+    calls = []
+
+    def kernel(a, b, *, out):
+        calls.append((a, b, out))
+        return out
+
+    if hasattr(extern_kernels, name):
+        delattr(extern_kernels, name)
+    choice = _inductor.extern_choice(kernel, name)
+    assert isinstance(choice, ExternKernelChoice) and choice.name == name
+    caller = choice.bind([], FixedLayout(torch.device("cpu"), torch.float32, [2, 2]))
+    assert isinstance(caller, ExternKernelCaller) and caller.name == name
+    return caller, calls
+
+
+def test_a_bound_candidate_is_timed_as_a_graph_replay_of_its_own_call(monkeypatch):
+    import torch
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    caller, calls = _bound_caller()
+    monkeypatch.setattr(config, "gemm_race_timing", "graph")
+    monkeypatch.setattr(ExternKernelCaller, "benchmark", lambda self, *a, out: pytest.fail("Inductor timing"))
+
+    def replay(call):
+        call()
+        return 0.125
+
+    monkeypatch.setattr(_inductor, "replay_ms", replay)
+    a, b, out = torch.ones(2, 2), torch.ones(2, 2), torch.empty(2, 2)
+    assert caller.benchmark(a, b, out=out) == 0.125
+    assert len(calls) == 1 and calls[0][0] is a and calls[0][1] is b and calls[0][2] is out
+
+
+def test_inductors_timing_when_not_graph_timed_or_when_the_graph_fails(monkeypatch):
+    import torch
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    caller, _ = _bound_caller("tilefly_mm_probe2_v1")
+    monkeypatch.setattr(ExternKernelCaller, "benchmark", lambda self, *a, out: 7.0)
+    a, b, out = torch.ones(2, 2), torch.ones(2, 2), torch.empty(2, 2)
+    monkeypatch.setattr(config, "gemm_race_timing", "inductor")
+    monkeypatch.setattr(_inductor, "replay_ms", lambda call: pytest.fail("graph timing"))
+    assert caller.benchmark(a, b, out=out) == 7.0
+
+    def broken(call):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(config, "gemm_race_timing", "graph")
+    monkeypatch.setattr(_inductor, "replay_ms", broken)
+    assert caller.benchmark(a, b, out=out) == 7.0
+
+
+def test_the_dense_and_grouped_providers_make_their_choices_with_extern_choice():
+    from tilefly.ops.gemm import inductor as gemm_inductor
+    from tilefly.ops.grouped_gemm import inductor as grouped_inductor
+
+    gemm_inductor.GemmProvider().prepare()
+    grouped_inductor.GroupedProvider().prepare()
+    kind = type(_inductor.extern_choice(lambda *a, out: out, "tilefly_mm_kind_probe_v1"))
+    assert gemm_inductor._CHOICES and all(type(c) is kind for c in gemm_inductor._CHOICES.values())
+    assert grouped_inductor._CHOICES and all(type(c) is kind for c in grouped_inductor._CHOICES.values())

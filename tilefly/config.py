@@ -89,6 +89,10 @@ OPTIONS: tuple[Option, ...] = (
            "Ignore performance bands (serve inputs where ATen is known to be faster); correctness limits stay."),
     Option("gemm_autotune", "TILEFLY_GEMM_AUTOTUNE", _choice("default", "exhaustive"), "default",
            "GEMM candidates offered to Inductor: the curated config list or every config that fits."),
+    Option("gemm_race_timing", "TILEFLY_GEMM_RACE_TIMING", _choice("auto", "graph", "inductor"), "auto",
+           "How Inductor's autotuning times tilefly's GEMM candidates: 'graph' as a CUDA graph replay of one "
+           "call (GPU time only), 'inductor' with Inductor's own events around a plain call (host time beyond "
+           "its L2 flush counts too), 'auto' as a graph when Inductor runs its output as CUDA graphs."),
     Option("attention_db", "TILEFLY_ATTENTION_DB", _path, None,
            "Path of an attention tuning database to use instead of the shipped one."),
     Option("attention_routes", "TILEFLY_ATTENTION_ROUTES", _choice("auto", "all"), "auto",
@@ -125,6 +129,7 @@ log_level: str
 on_error: str
 force: bool
 gemm_autotune: str
+gemm_race_timing: str
 attention_db: str | None
 attention_routes: str
 mx_requantize: bool

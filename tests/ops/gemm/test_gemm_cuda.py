@@ -308,3 +308,39 @@ def test_candidates_absent_without_the_backend_name(tilefly_inductor):
     out, code = compiled(mlp, *args, backends="ATEN")
     assert tilefly_inductor == [] and "tilefly" not in code
     torch.testing.assert_close(out, mlp(*args), rtol=3e-2, atol=3e-2)
+
+
+def test_race_times_tilefly_as_a_graph_replay_that_computes_the_product(tilefly_inductor, monkeypatch):
+    from torch._inductor.ir import FixedLayout
+
+    from tilefly import _inductor, config
+    from tilefly.ops.gemm import inductor as gemm_inductor
+
+    provider = gemm_inductor.GemmProvider()
+    a, b = operands(32, 4096, 4096, "NT")
+    for cfg in configs.offered(32, 4096, 4096, "default"):
+        caller = provider.choice("mm", cfg).bind([], FixedLayout(a.device, a.dtype, [32, 4096]))
+        out = torch.full((32, 4096), float("nan"), device="cuda", dtype=a.dtype)
+        monkeypatch.setattr(config, "gemm_race_timing", "graph")
+        replays = []
+        monkeypatch.setattr(_inductor, "replay_ms", lambda call, real=_inductor.replay_ms: replays.append(1) or
+                            real(call))
+        ms = caller.benchmark(a, b, out=out)
+        assert replays and 0 < ms < 1.0, (cfg.name, ms)
+        check(out, a, b)
+
+
+def test_compiled_with_cuda_graphs_times_tilefly_by_replay(tilefly_inductor, monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    from tilefly import _inductor
+
+    replays = []
+    real = _inductor.replay_ms
+    monkeypatch.setattr(_inductor, "replay_ms", lambda call: replays.append(1) or real(call))
+    args = mlp_args(tokens=32)
+    with inductor_config.patch(max_autotune_gemm_backends="ATEN,TRITON,TILEFLY", force_disable_caches=True):
+        torch._dynamo.reset()
+        out = torch.compile(mlp, mode="max-autotune", dynamic=False)(*args)
+    assert tilefly_inductor and len(replays) >= len(tilefly_inductor)
+    torch.testing.assert_close(out, mlp(*args), rtol=3e-2, atol=3e-2)

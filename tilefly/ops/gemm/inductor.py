@@ -105,14 +105,14 @@ class GemmProvider:
         """Create every config's choices (all exhaustive ones: a cached graph may name any)."""
         if _CHOICES:
             return
-        from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+        from torch._inductor.select_algorithm import extern_kernels
 
         for cfg in configs.exhaustive():
             for op, make in (("mm", _mm_kernel), ("addmm", _addmm_kernel)):
                 name = choice_name(op, cfg)
                 if hasattr(extern_kernels, name):  # left by an earlier import of this module
                     delattr(extern_kernels, name)
-                _CHOICES[(op, cfg)] = ExternKernelChoice(make(cfg), name=name)
+                _CHOICES[(op, cfg)] = _inductor.extern_choice(make(cfg), name)
         register_heuristics("cuda")
 
     def choice(self, op: str, cfg: GemmConfig) -> Any:

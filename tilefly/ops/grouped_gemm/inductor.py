@@ -110,13 +110,13 @@ class GroupedProvider:
         from torch._inductor import select_algorithm
 
         if not _CHOICES:
-            from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+            from torch._inductor.select_algorithm import extern_kernels
 
             for cfg in configs.exhaustive():
                 name = choice_name(cfg)
                 if hasattr(extern_kernels, name):  # left by an earlier import of this module
                     delattr(extern_kernels, name)
-                _CHOICES[cfg] = ExternKernelChoice(_kernel(cfg), name=name)
+                _CHOICES[cfg] = _inductor.extern_choice(_kernel(cfg), name)
         # Once per process: the function stays registered and checks installed()/requested() itself.
         if append_grouped_choices not in select_algorithm.get_algorithm_selector_cache().preprocessing_fns:
             select_algorithm.add_preprocessing_fn(append_grouped_choices)
