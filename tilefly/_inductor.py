@@ -18,7 +18,8 @@ config, not ``V.set_choices_handler``, because the config enters the FX graph
 cache key (through ``uuid()``): a cached graph that calls a tilefly kernel is
 then never loaded by a process without tilefly installed.
 
-A provider implements ``prepare()`` (create its choices with ``extern_choice`` and template
+Candidates are ``extern_choice``s, which Inductor's race times as the compiled graph will run
+(tilefly._race_timing). A provider implements ``prepare()`` (create its choices and template
 heuristics once, so generated code loaded from a cache finds them) and
 ``candidates(kernel_inputs, op_name)`` (the choices for one call site, after its
 own eligibility checks; it must not raise for ineligible inputs).
@@ -30,8 +31,10 @@ import threading
 from typing import Any, Callable, Protocol
 
 from tilefly import config
+from tilefly._race_timing import extern_choice, hook_race_timing
 
-__all__ = ["BACKEND", "register_candidates", "registered", "install", "uninstall", "installed", "requested"]
+__all__ = ["BACKEND", "extern_choice", "register_candidates", "registered", "install", "uninstall", "installed",
+           "requested"]
 
 BACKEND = "TILEFLY"
 _log = logging.getLogger("tilefly.inductor")
@@ -59,6 +62,7 @@ def register_candidates(op_name: str, provider: CandidateProvider) -> None:
             providers.append(provider)
         if _saved_choices_class:
             provider.prepare()
+            hook_race_timing()
 
 
 def registered(op_name: str | None = None) -> list[CandidateProvider]:
@@ -103,70 +107,6 @@ def _extra_choices(kernel_inputs: Any, op_name: str) -> list[Any]:
     return extra
 
 
-# ---- how Inductor times tilefly's candidates ---------------------------------------------------
-#
-# Inductor times a candidate with a pair of events around one call after zeroing an L2-sized
-# buffer. The events then also count whatever host time the call spends beyond that zeroing, and
-# during a compile Python-launched kernels (ATen's and tilefly's extern calls) spend far more of
-# it than alone: on the H200 a 32 x 4096 x 4096 split-K GEMM that takes 18 us on the GPU timed
-# 51 us in Inductor's race and lost to a Triton template of 28 (scripts/race_probe.py). A model
-# compiled with CUDA graphs spends no host time per kernel, so there the race should compare
-# GPU times: tilefly's candidates are timed as a CUDA graph replay of one call, as PyTorch 2.13
-# can do for any extern choice (``_benchmark_with_cudagraphs``).
-
-def graph_timed() -> bool:
-    """Whether Inductor's race times tilefly's candidates as a CUDA graph replay
-    (``config.gemm_race_timing``; 'auto': when Inductor runs its output as CUDA graphs)."""
-    if config.gemm_race_timing != "auto":
-        return config.gemm_race_timing == "graph"
-    from torch._inductor import config as inductor_config
-
-    return bool(inductor_config.triton.cudagraphs)
-
-
-def replay_ms(call: Callable[[], Any]) -> float:
-    """Inductor's benchmarker timing a CUDA graph replay of ``call()``, in ms. ``call`` runs once
-    first, outside the capture (its compile and first-use allocations)."""
-    import torch
-    from torch._inductor.runtime.benchmarking import benchmarker
-
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        call()
-    return benchmarker.benchmark_gpu(graph.replay)
-
-
-_choice_class: list[type] = []
-
-
-def extern_choice(kernel: Callable[..., Any], name: str) -> Any:
-    """An ``ExternKernelChoice`` calling ``kernel`` (named ``name`` in generated code) whose bound
-    candidates Inductor times as ``graph_timed()`` says; otherwise exactly Inductor's."""
-    if not _choice_class:
-        from torch._inductor.select_algorithm import ExternKernelCaller, ExternKernelChoice
-
-        class TileflyCaller(ExternKernelCaller):
-            def benchmark(self, *args, out):
-                if graph_timed() and out.numel() > 0:
-                    fn = self.to_callable()
-                    try:
-                        return replay_ms(lambda: fn(*args, out=out))
-                    except Exception as exc:  # noqa: BLE001 - Inductor's own timing still works
-                        _log.debug("tilefly: %s timed without a CUDA graph (%s: %s)", self.name,
-                                   type(exc).__name__, exc)
-                return super().benchmark(*args, out=out)
-
-        class TileflyChoice(ExternKernelChoice):
-            def bind(self, input_nodes, layout, ordered_kwargs_for_cpp_kernel=(), **kwargs):
-                self.ordered_kwargs_for_cpp_kernel = ordered_kwargs_for_cpp_kernel
-                return TileflyCaller(self, input_nodes, layout, kwargs, has_out_variant=self.has_out_variant)
-
-        _choice_class.append(TileflyChoice)
-    return _choice_class[0](kernel, name=name)
-
-
 _declined_logged: set[str] = set()
 
 
@@ -208,7 +148,7 @@ def _build_choices_class():
 
         def uuid(self) -> str:
             names = ",".join(sorted(p.name for p in registered() if enabled(p)))
-            return f"tilefly-choices-1:{config.gemm_autotune}:{names}"
+            return f"tilefly-choices-2:{config.gemm_autotune}:{config.gemm_race_timing}:{names}"
 
     # Importable as tilefly._inductor.TileflyChoices, so the config pickles by reference.
     TileflyChoices.__module__ = __name__
@@ -250,6 +190,7 @@ def install(families=()) -> None:
             return
         for provider in registered():
             provider.prepare()
+        hook_race_timing()
         _saved_choices_class.append(current)
         inductor_config.inductor_choices_class = _choices_class()
         _forget_cached_handler()

@@ -239,3 +239,23 @@ def test_record_races_follows_inductors_feedback_hook_and_leaves_it_clean():
     p = {"captured": 1, "tilefly": {}, "triton_templates": 1, "aten_gemm_calls": 0, "races": races}
     assert picks.describe(p).endswith("ATen calls 0; autotuning races: tilefly fastest in 1 of 2; where it lost, "
                                       "its time over the winner's: median 1.05x, closest 1.05x")
+
+
+def test_record_races_says_which_races_were_timed_as_graph_replays(monkeypatch):
+    from torch._inductor import select_algorithm
+
+    from tilefly import config
+    from tilefly.bench.e2e import picks
+
+    monkeypatch.setattr(config, "gemm_race_timing", "graph")
+    cache = select_algorithm.get_algorithm_selector_cache()
+    with_tilefly = {ExternKernelCaller("tilefly_mm_splitk64x32x128_s8_w4_k16_v1"): 0.010,
+                    TritonTemplateCaller("triton_mm_3"): 0.012}
+    without = {TritonTemplateCaller("triton_mm_4"): 0.012, ExternKernelCaller("mm"): 0.013}
+    with picks.record_races() as races:
+        for timings in (with_tilefly, without):
+            for fn in cache.feedback_saver_fns:
+                fn(timings, "mm", [_Node(32, 4096), _Node(4096, 4096)], list(timings), lambda: {}, {})
+    assert [r["timing"] for r in races] == ["graph", "inductor"]
+    assert picks.describe_races(races) == ("autotuning races: tilefly fastest in 1 of 1 (1 timed as CUDA graph "
+                                           "replays)")

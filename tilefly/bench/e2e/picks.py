@@ -107,11 +107,15 @@ def record_races() -> Iterator[list[dict[str, Any]]]:
     """Collect a ``race`` record for every GEMM Inductor autotunes inside the block."""
     from torch._inductor import select_algorithm
 
+    from tilefly._race_timing import graph_timed
+
     races: list[dict[str, Any]] = []
 
     def saver(timings, name, input_nodes, *_):
         try:   # called inside Inductor's autotuning: a record that cannot be made must not stop a compile
-            races.append(race(timings, name, input_nodes))
+            record = race(timings, name, input_nodes)
+            record["timing"] = "graph" if "tilefly" in record["us"] and graph_timed() else "inductor"
+            races.append(record)
         except Exception as exc:  # noqa: BLE001
             races.append({"op": str(name), "us": {}, "error": f"{type(exc).__name__}: {exc}"[:200]})
 
@@ -134,6 +138,9 @@ def describe_races(races: list[dict[str, Any]]) -> str:
         return f"autotuning races {len(races)}, none with a tilefly candidate"
     lost = sorted(r["us"]["tilefly"] / r["us"][r["winner"]] for r in entered if r["winner"] != "tilefly")
     text = f"autotuning races: tilefly fastest in {len(entered) - len(lost)} of {len(entered)}"
+    graphs = sum(r.get("timing") == "graph" for r in entered)
+    if graphs:
+        text += f" ({graphs} timed as CUDA graph replays)"
     if lost:
         text += (f"; where it lost, its time over the winner's: median {lost[len(lost) // 2]:.2f}x, "
                  f"closest {lost[0]:.2f}x")
