@@ -206,3 +206,17 @@ def test_the_race_timing_enters_the_graph_cache_key(monkeypatch):
     graph = choices.uuid()
     monkeypatch.setattr(config, "gemm_race_timing", "inductor")
     assert choices.uuid() != graph
+
+
+def test_an_extern_candidate_without_an_out_variant_is_replayed_too(monkeypatch, replays):
+    monkeypatch.setattr(config, "gemm_race_timing", "graph")
+    monkeypatch.setattr(ExternKernelCaller, "benchmark", lambda self, *a, out: pytest.fail("Inductor's timing"))
+    name = "tilefly_test_matmul_no_out"
+    if hasattr(extern_kernels, name):
+        delattr(extern_kernels, name)
+    no_out = ExternKernelChoice(torch.matmul, name=name, has_out_variant=False).bind([], LAYOUT)
+    tilefly, _ = tilefly_caller("tilefly_mm_probe6_v1")
+    _race_timing.time_race_on_gpu([tilefly, no_out])
+    a, b, out = operands()
+    assert no_out.benchmark(a, b, out=out) == 0.125 and len(replays) == 1
+    torch.testing.assert_close(out, a @ b)

@@ -106,12 +106,15 @@ def _graph_benchmark(choice: Any) -> Callable[..., float] | None:
     from torch._inductor.select_algorithm import ExternKernelCaller, TritonTemplateCaller
 
     inductors = choice.benchmark
-    if type(choice) is ExternKernelCaller and choice.has_out_variant:
+    if type(choice) is ExternKernelCaller:
         def extern(*args, out):
             if out.numel() == 0:
                 return inductors(*args, out=out)
             fn = choice.to_callable()
-            return _replayed_or(choice.name, lambda: fn(*args, out=out), lambda: inductors(*args, out=out))
+            if choice.has_out_variant:
+                return _replayed_or(choice.name, lambda: fn(*args, out=out), lambda: inductors(*args, out=out))
+            out.copy_(fn(*args))   # as Inductor's timing leaves it, for its optional result check
+            return _replayed_or(choice.name, lambda: fn(*args), lambda: inductors(*args, out=out))
         return extern
     if type(choice) is TritonTemplateCaller and getattr(choice, "bmreq", None) is not None:
         def template(*args, out):

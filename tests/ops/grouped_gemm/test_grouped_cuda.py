@@ -300,3 +300,30 @@ def test_candidates_absent_without_the_backend_name(grouped_inductor):
         out, code = compiled(module, x, "ATEN,TRITON")
     assert grouped_inductor["added"] == [] and "tilefly" not in code
     torch.testing.assert_close(out, ref, rtol=3e-2, atol=3e-2)
+
+
+def test_a_graph_timed_race_replays_every_candidate_and_matches_eager(grouped_inductor, monkeypatch):
+    """TILEFLY_GEMM_RACE_TIMING=graph: the grouped race times tilefly's, ATen's (no out= variant) and
+    Triton's grouped candidates as CUDA graph replays, and none fails to capture."""
+    from tilefly import _race_timing, config
+
+    monkeypatch.setattr(config, "gemm_race_timing", "graph")
+    replays, failed = [], []
+    real = _race_timing.replay_ms
+
+    def counted(call):
+        try:
+            replays.append(real(call))
+        except Exception as exc:
+            failed.append(exc)
+            raise
+        return replays[-1]
+
+    monkeypatch.setattr(_race_timing, "replay_ms", counted)
+    module, x = moe_and_input()
+    with torch.no_grad():
+        ref = module(x)
+        out, _ = compiled(module, x, "ATEN,TRITON,TILEFLY")
+    assert grouped_inductor["added"] and not failed
+    assert len(replays) > len(grouped_inductor["added"])   # ATen's and Triton's candidates too
+    torch.testing.assert_close(out, ref, rtol=3e-2, atol=3e-2)
