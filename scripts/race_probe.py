@@ -11,9 +11,9 @@ For each M=32 decode shape (B as a Linear weight, column-major) this prints, per
 - host: host µs per call, back to back;
 for tilefly's offered configs (through the very callable Inductor's generated code calls),
 ATen ``torch.mm``, and (``--compiled``) what Inductor's own race recorded for each family when
-compiling the GEMM alone with ATEN,TRITON,TILEFLY, tilefly timed both ways
-(``TILEFLY_GEMM_RACE_TIMING`` inductor and graph), with the GPU time of the pick, and the GPU time
-of the Triton template a TRITON-only compile picks.
+compiling the GEMM alone with ATEN,TRITON,TILEFLY, the race timed both ways
+(``TILEFLY_GEMM_RACE_TIMING`` inductor, and graph: every candidate as a CUDA graph replay), with
+the GPU time of the pick, and the GPU time of the Triton template a TRITON-only compile picks.
 
     python3 scripts/race_probe.py [--compiled] [--json FILE]
 """
@@ -90,7 +90,7 @@ def probe_shape(m: int, n: int, k: int) -> list[dict]:
 
 
 def compiled_race(m: int, n: int, k: int, timing: str) -> list[dict]:
-    """Inductor's race for this GEMM alone (tilefly's candidates timed as ``timing`` says), and the
+    """Inductor's race for this GEMM alone (timed as ``timing`` says), and the
     GPU time of what it picked; then the same for a TRITON-only compile (the template alone)."""
     import tilefly
     from tilefly import config

@@ -150,9 +150,13 @@ def time_race_on_gpu(choices: list[Any]) -> list[Any]:
 def hook_race_timing() -> None:
     """Put ``time_race_on_gpu`` last among the selector's preprocessing functions (after any that
     add tilefly's candidates, e.g. the grouped GEMM's). Idempotent."""
-    from torch._inductor import select_algorithm
+    try:
+        from torch._inductor import select_algorithm
 
-    fns = select_algorithm.get_algorithm_selector_cache().preprocessing_fns
+        fns = select_algorithm.get_algorithm_selector_cache().preprocessing_fns
+    except Exception as exc:  # noqa: BLE001 - another torch: its races keep Inductor's timing
+        _log.debug("tilefly: race timing not hooked (%s: %s)", type(exc).__name__, exc)
+        return
     if time_race_on_gpu in fns:
         fns.remove(time_race_on_gpu)
     fns.append(time_race_on_gpu)

@@ -90,9 +90,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("gemm_autotune", "TILEFLY_GEMM_AUTOTUNE", _choice("default", "exhaustive"), "default",
            "GEMM candidates offered to Inductor: the curated config list or every config that fits."),
     Option("gemm_race_timing", "TILEFLY_GEMM_RACE_TIMING", _choice("auto", "graph", "inductor"), "auto",
-           "How Inductor's autotuning times tilefly's GEMM candidates: 'graph' as a CUDA graph replay of one "
-           "call (GPU time only), 'inductor' with Inductor's own events around a plain call (host time beyond "
-           "its L2 flush counts too), 'auto' as a graph when Inductor runs its output as CUDA graphs."),
+           "How Inductor's autotuning times a GEMM race that tilefly's candidates are in: 'graph' every "
+           "candidate (tilefly's, ATen's, Triton's) as a CUDA graph replay of one call (GPU time only), "
+           "'inductor' with Inductor's own events around a plain call (host time beyond its L2 flush counts "
+           "too), 'auto' as 'graph' when Inductor runs its output as CUDA graphs (tilefly/_race_timing.py)."),
     Option("attention_db", "TILEFLY_ATTENTION_DB", _path, None,
            "Path of an attention tuning database to use instead of the shipped one."),
     Option("attention_routes", "TILEFLY_ATTENTION_ROUTES", _choice("auto", "all"), "auto",
