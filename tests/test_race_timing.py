@@ -220,3 +220,19 @@ def test_an_extern_candidate_without_an_out_variant_is_replayed_too(monkeypatch,
     a, b, out = operands()
     assert no_out.benchmark(a, b, out=out) == 0.125 and len(replays) == 1
     torch.testing.assert_close(out, a @ b)
+
+
+def test_graph_timed_candidates_get_cache_keys_of_their_own(monkeypatch, replays):
+    tilefly, aten, triton = race("tilefly_mm_probe7_v1")
+    monkeypatch.setattr(TritonTemplateCaller, "hash_key", lambda self: "triton-key")
+    plain = {c.name: c.hash_key() for c in (tilefly, aten)}
+    monkeypatch.setattr(config, "gemm_race_timing", "inductor")
+    _race_timing.time_race_on_gpu([tilefly, aten, triton])
+    assert {c.name: c.hash_key() for c in (tilefly, aten)} == plain and triton.hash_key() == "triton-key"
+    monkeypatch.setattr(config, "gemm_race_timing", "graph")
+    _race_timing.time_race_on_gpu([tilefly, aten, triton])
+    assert tilefly.hash_key() == plain[tilefly.name] + ":graph-timed"
+    assert aten.hash_key() == plain[aten.name] + ":graph-timed"
+    assert triton.hash_key() == "triton-key:graph-timed"
+    _race_timing.time_race_on_gpu([tilefly, aten, triton])   # wrapped once only
+    assert aten.hash_key() == plain[aten.name] + ":graph-timed"

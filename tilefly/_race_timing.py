@@ -22,7 +22,10 @@ output as CUDA graphs):
 - tilefly's candidates (``extern_choice``) are timed as a CUDA graph replay of one call;
 - in a race that has a tilefly candidate, so are ATen's extern candidates and Triton's templates
   (``time_race_on_gpu``, a preprocessing function of Inductor's algorithm selector), so that every
-  candidate is timed the same way. Races without tilefly keep Inductor's timing.
+  candidate is timed the same way. Races without tilefly keep Inductor's timing;
+- every candidate so timed has ``:graph-timed`` appended to its hash key, under which Inductor's
+  autotune cache keeps its time: a stock compile on the same machine (side A of an e2e run, say)
+  never reuses a graph-timed time, nor a graph-timed race an Inductor-timed one.
 
 PyTorch 2.13 can time any candidate so (``ChoiceCaller._benchmark_with_cudagraphs``); this does it
 the same way on 2.11. A candidate whose graph cannot be captured keeps Inductor's timing.
@@ -60,6 +63,16 @@ def replay_ms(call: Callable[[], Any]) -> float:
     return benchmarker.benchmark_gpu(graph.replay)
 
 
+GRAPH_TIMED_KEY = ":graph-timed"
+
+
+def _timed_key(key: str) -> str:
+    # Inductor's autotune cache keeps each candidate's time under its hash key: graph-timed ones
+    # get keys of their own, so a race timed one way never reuses times taken the other way (a
+    # stock compile on the same machine keeps finding only Inductor-timed ones).
+    return key + GRAPH_TIMED_KEY if graph_timed() else key
+
+
 def _replayed_or(name: str, call: Callable[[], Any], inductors: Callable[[], float]) -> float:
     try:
         return replay_ms(call)
@@ -77,6 +90,9 @@ def _tilefly_classes() -> dict[str, type]:
 
         class TileflyCaller(ExternKernelCaller):
             """One of tilefly's candidates at one call site."""
+
+            def hash_key(self):
+                return _timed_key(super().hash_key())
 
             def benchmark(self, *args, out):
                 if graph_timed() and out.numel() > 0:
@@ -129,6 +145,10 @@ def _graph_benchmark(choice: Any) -> Callable[..., float] | None:
     return None
 
 
+def _suffixed(hash_key: Callable[[], str]) -> Callable[[], str]:
+    return lambda: hash_key() + GRAPH_TIMED_KEY
+
+
 def time_race_on_gpu(choices: list[Any]) -> list[Any]:
     """Preprocessing function: when ``graph_timed()``, a race with a tilefly candidate times ATen's
     and Triton's candidates as graph replays too. Returns ``choices`` itself."""
@@ -142,6 +162,7 @@ def time_race_on_gpu(choices: list[Any]) -> list[Any]:
             timed = _graph_benchmark(choice)
             if timed is not None:
                 choice.benchmark = timed
+                choice.hash_key = _suffixed(choice.hash_key)
     except Exception as exc:  # noqa: BLE001 - never break a compile over how it is timed
         _log.warning("tilefly: race timing left as Inductor's (%s: %s)", type(exc).__name__, exc)
     return choices
