@@ -167,4 +167,3 @@ def test_install_replaces_a_handler_inductor_already_cached():
     assert isinstance(V.choices, _inductor.TileflyChoices)
     _inductor.uninstall()
     assert type(V.choices) is InductorChoices
-

@@ -26,3 +26,23 @@ def failing_compile(monkeypatch):
         monkeypatch.setattr(provider, "_compiled", {})
 
     return arrange
+
+
+@pytest.fixture
+def counted_replays(monkeypatch):
+    """tilefly._race_timing.replay_ms, counted: yields (the times it returned, the exceptions it raised)."""
+    from tilefly import _race_timing
+
+    replays, failed = [], []
+    real = _race_timing.replay_ms
+
+    def counted(call):
+        try:
+            replays.append(real(call))
+        except Exception as exc:
+            failed.append(exc)
+            raise
+        return replays[-1]
+
+    monkeypatch.setattr(_race_timing, "replay_ms", counted)
+    return replays, failed

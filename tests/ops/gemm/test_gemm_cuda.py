@@ -310,47 +310,33 @@ def test_candidates_absent_without_the_backend_name(tilefly_inductor):
     torch.testing.assert_close(out, mlp(*args), rtol=3e-2, atol=3e-2)
 
 
-def test_race_times_tilefly_as_a_graph_replay_that_computes_the_product(tilefly_inductor, monkeypatch):
+def test_race_times_tilefly_as_a_graph_replay_that_computes_the_product(tilefly_inductor, monkeypatch,
+                                                                        counted_replays):
     from torch._inductor.ir import FixedLayout
 
-    from tilefly import _race_timing, config
+    from tilefly import config
     from tilefly.ops.gemm import inductor as gemm_inductor
 
+    replays, failed = counted_replays
     provider = gemm_inductor.GemmProvider()
     a, b = operands(32, 4096, 4096, "NT")
     monkeypatch.setattr(config, "gemm_race_timing", "graph")
-    replays = []
-    real = _race_timing.replay_ms
-    monkeypatch.setattr(_race_timing, "replay_ms", lambda call: replays.append(1) or real(call))
     for cfg in configs.offered(32, 4096, 4096, "default"):
         caller = provider.choice("mm", cfg).bind([], FixedLayout(a.device, a.dtype, [32, 4096]))
         out = torch.full((32, 4096), float("nan"), device="cuda", dtype=a.dtype)
         ms = caller.benchmark(a, b, out=out)
-        assert replays and 0 < ms < 1.0, (cfg.name, ms)
+        assert replays and not failed and 0 < ms < 1.0, (cfg.name, ms, failed)
         check(out, a, b)
 
 
-def test_compiled_with_cuda_graphs_times_the_whole_race_by_replay(tilefly_inductor, monkeypatch):
+def test_compiled_with_cuda_graphs_times_the_whole_race_by_replay(tilefly_inductor, counted_replays):
     """mode="max-autotune" runs the graph as CUDA graphs, so a race with tilefly in it times every
     ATen and Triton candidate as a replay too, and every replay is captured (none falls back)."""
     from torch._inductor import config as inductor_config
 
-    from tilefly import _race_timing
     from tilefly.bench.e2e import picks
 
-    replays, failed = [], []
-    real = _race_timing.replay_ms
-
-    def counted(call):
-        try:
-            ms = real(call)
-        except Exception as exc:
-            failed.append(exc)
-            raise
-        replays.append(ms)
-        return ms
-
-    monkeypatch.setattr(_race_timing, "replay_ms", counted)
+    replays, failed = counted_replays
     args = mlp_args(tokens=32)
     with inductor_config.patch(max_autotune_gemm_backends="ATEN,TRITON,TILEFLY", force_disable_caches=True), \
             picks.record_races() as races:

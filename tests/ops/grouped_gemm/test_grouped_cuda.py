@@ -302,24 +302,14 @@ def test_candidates_absent_without_the_backend_name(grouped_inductor):
     torch.testing.assert_close(out, ref, rtol=3e-2, atol=3e-2)
 
 
-def test_a_graph_timed_race_replays_every_candidate_and_matches_eager(grouped_inductor, monkeypatch):
+def test_a_graph_timed_race_replays_every_candidate_and_matches_eager(grouped_inductor, monkeypatch,
+                                                                      counted_replays):
     """TILEFLY_GEMM_RACE_TIMING=graph: the grouped race times tilefly's, ATen's (no out= variant) and
     Triton's grouped candidates as CUDA graph replays, and none fails to capture."""
-    from tilefly import _race_timing, config
+    from tilefly import config
 
+    replays, failed = counted_replays
     monkeypatch.setattr(config, "gemm_race_timing", "graph")
-    replays, failed = [], []
-    real = _race_timing.replay_ms
-
-    def counted(call):
-        try:
-            replays.append(real(call))
-        except Exception as exc:
-            failed.append(exc)
-            raise
-        return replays[-1]
-
-    monkeypatch.setattr(_race_timing, "replay_ms", counted)
     module, x = moe_and_input()
     with torch.no_grad():
         ref = module(x)
