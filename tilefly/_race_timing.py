@@ -28,7 +28,9 @@ output as CUDA graphs):
   never reuses a graph-timed time, nor a graph-timed race an Inductor-timed one.
 
 PyTorch 2.13 can time any candidate so (``ChoiceCaller._benchmark_with_cudagraphs``); this does it
-the same way on 2.11. A candidate whose graph cannot be captured keeps Inductor's timing.
+the same way on 2.11. A candidate whose graph cannot be captured keeps Inductor's timing, and so do
+Triton's templates under ``autotune_in_subproc`` (Inductor times them in its subprocess, from their
+benchmark requests).
 """
 from __future__ import annotations
 
