@@ -81,7 +81,7 @@ def main() -> None:
         return host_profile(args.fmt.split(",")[0], (args.shape or SHAPES)[0])
 
     import tilefly
-    from tilefly.bench.timing import QUICK, measure
+    from tilefly.bench.timing import QUICK, back_to_back_us, measure
     from tilefly.ops.mx_gemm import configs, eligibility, launch, split_tuning
 
     tilefly.enable()
@@ -159,7 +159,7 @@ def main() -> None:
             eager = _eager_call(a, b)
             launch._plans.clear()
             for f, name in ((eager, "F.scaled_mm"), (lambda: torch.mm(ref[0], ref[1].t()), "torch.mm")):
-                host, wall = _back_to_back_us(f, 20, 500)
+                host, wall = back_to_back_us(f, 20, 500)
                 print(f"  {name:<12} host {host:6.1f} us/call, wall {wall:6.1f} us/call (back to back, L2 warm)")
             profile.append((f"{fmt} {shape} pick", lambda picked=picked, p=p, a=a, b=b, out=out:
                             launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=picked)))
@@ -184,20 +184,6 @@ def main() -> None:
         torch.cuda.profiler.stop()
 
 
-def _back_to_back_us(fn, warmup: int, calls: int) -> tuple[float, float]:
-    """Host and wall microseconds a call of ``calls`` back-to-back calls (after ``warmup``): host
-    until the last call returns, wall until the GPU has finished it too."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host, (time.perf_counter() - t0) / calls * 1e6
-
-
 def _eager_call(a, b):
     import torch.nn.functional as F
 
@@ -211,11 +197,12 @@ def host_profile(fmt: str, shape: str) -> None:
     import pstats
 
     import tilefly
+    from tilefly.bench.timing import back_to_back_us
 
     tilefly.enable()
     m, n, k = (int(v) for v in shape.split("x"))
     call = _eager_call(*operands(m, n, k, fmt))
-    print(f"{fmt} {shape}: F.scaled_mm host {_back_to_back_us(call, 50, 2000)[0]:.1f} us/call")
+    print(f"{fmt} {shape}: F.scaled_mm host {back_to_back_us(call, 50, 2000)[0]:.1f} us/call")
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()

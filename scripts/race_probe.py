@@ -7,7 +7,8 @@ is slower on the GPU, where a CUDA-graphed decode step spends nothing on the hos
 
 For each M=32 decode shape (B as a Linear weight, column-major) this prints, per candidate:
 - race: Inductor's own benchmarker, as in autotuning (µs);
-- graph: the same benchmarker timing a CUDA graph replay of one call (GPU time, L2 cold);
+- graph: the same benchmarker timing a CUDA graph replay of one call (GPU time, L2 cold), as a
+  graph-timed race does (tilefly._race_timing.replay_ms);
 - host: host µs per call, back to back;
 for tilefly's offered configs (through the very callable Inductor's generated code calls),
 ATen ``torch.mm``, and (``--compiled``) what Inductor's own race recorded for each family when
@@ -21,48 +22,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 SHAPES = [(32, 1024, 4096), (32, 4096, 4096), (32, 14336, 4096), (32, 4096, 14336)]
 
 
-def _host_us(fn, calls: int = 300) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
-
-
 def _graph_us(fn) -> float:
-    from torch._inductor.runtime.benchmarking import benchmarker
+    from tilefly._race_timing import replay_ms
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return benchmarker.benchmark_gpu(graph.replay) * 1000.0
+    return replay_ms(fn) * 1000.0
 
 
 def _row(name: str, fn) -> dict:
     from torch._inductor.runtime.benchmarking import benchmarker
 
     from tilefly import _triton_launch
+    from tilefly.bench.timing import back_to_back_us
 
     fn()
     row = {"name": name, "race": benchmarker.benchmark_gpu(fn) * 1000.0, "graph": _graph_us(fn),
-           "host": _host_us(fn), "hooks": _triton_launch.hooks_active()}
+           "host": back_to_back_us(fn, 20, 300)[0], "hooks": _triton_launch.hooks_active()}
     print(f"  {name:<44} race {row['race']:7.1f}  graph {row['graph']:7.1f}  host {row['host']:6.1f} us"
           f"{'  (launch hook set)' if row['hooks'] else ''}", flush=True)
     return row

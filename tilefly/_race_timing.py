@@ -34,6 +34,7 @@ benchmark requests).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
@@ -83,6 +84,17 @@ def _replayed_or(name: str, call: Callable[[], Any], inductors: Callable[[], flo
         return inductors()
 
 
+def _replay_extern(choice: Any, args: tuple, out: Any, inductors: Callable[[], float]) -> float:
+    """An extern candidate (tilefly's or ATen's) timed as a graph replay of its call."""
+    if out.numel() == 0:
+        return inductors()
+    fn = choice.to_callable()
+    if choice.has_out_variant:
+        return _replayed_or(choice.name, lambda: fn(*args, out=out), inductors)
+    out.copy_(fn(*args))   # as Inductor's timing leaves it, for its optional result check
+    return _replayed_or(choice.name, lambda: fn(*args), inductors)
+
+
 _classes: dict[str, type] = {}
 
 
@@ -97,11 +109,8 @@ def _tilefly_classes() -> dict[str, type]:
                 return _timed_key(super().hash_key())
 
             def benchmark(self, *args, out):
-                if graph_timed() and out.numel() > 0:
-                    fn = self.to_callable()
-                    return _replayed_or(self.name, lambda: fn(*args, out=out),
-                                        lambda: super(TileflyCaller, self).benchmark(*args, out=out))
-                return super().benchmark(*args, out=out)
+                inductors = functools.partial(super().benchmark, *args, out=out)
+                return _replay_extern(self, args, out, inductors) if graph_timed() else inductors()
 
         class TileflyChoice(ExternKernelChoice):
             def bind(self, input_nodes, layout, ordered_kwargs_for_cpp_kernel=(), **kwargs):
@@ -125,15 +134,7 @@ def _graph_benchmark(choice: Any) -> Callable[..., float] | None:
 
     inductors = choice.benchmark
     if type(choice) is ExternKernelCaller:
-        def extern(*args, out):
-            if out.numel() == 0:
-                return inductors(*args, out=out)
-            fn = choice.to_callable()
-            if choice.has_out_variant:
-                return _replayed_or(choice.name, lambda: fn(*args, out=out), lambda: inductors(*args, out=out))
-            out.copy_(fn(*args))   # as Inductor's timing leaves it, for its optional result check
-            return _replayed_or(choice.name, lambda: fn(*args), lambda: inductors(*args, out=out))
-        return extern
+        return lambda *args, out: _replay_extern(choice, args, out, functools.partial(inductors, *args, out=out))
     if type(choice) is TritonTemplateCaller and getattr(choice, "bmreq", None) is not None:
         def template(*args, out):
             # made per call: the run function binds the current stream, the capture's inside it

@@ -67,6 +67,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -225,3 +226,17 @@ def graph_us(calls: Callable[[], Any], replays: int = 30) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
     return statistics.median(times)
+
+
+def back_to_back_us(fn: Callable[[], Any], warmup: int, calls: int) -> tuple[float, float]:
+    """Host and wall µs a call of ``calls`` back-to-back calls of ``fn`` (after ``warmup``): host until
+    the last call returns, wall until the GPU has finished it too (the host cost of a launch path)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return host, (time.perf_counter() - t0) / calls * 1e6
