@@ -72,6 +72,8 @@ def probe_shape(m: int, n: int, k: int) -> list[dict]:
 def compiled_race(m: int, n: int, k: int, timing: str) -> list[dict]:
     """Inductor's race for this GEMM alone (timed as ``timing`` says), and the
     GPU time of what it picked; then the same for a TRITON-only compile (the template alone)."""
+    from torch._inductor import config as inductor_config
+
     import tilefly
     from tilefly import config
     from tilefly.bench.e2e import picks
@@ -82,7 +84,9 @@ def compiled_race(m: int, n: int, k: int, timing: str) -> list[dict]:
     rows = []
     for backends in ("ATEN,TRITON,TILEFLY", "TRITON"):
         config.gemm_race_timing = timing
-        with tilefly.enabled(), autotune(backends), picks.record_races() as races:
+        # caches off: the second timing's compile must race again, not reuse the first one's picks
+        with tilefly.enabled(), autotune(backends), inductor_config.patch(force_disable_caches=True), \
+                picks.record_races() as races:
             fn = compile_static(lambda x: torch.nn.functional.linear(x, w), mode="max-autotune-no-cudagraphs")
             fn(a)
         config.reload()

@@ -9,6 +9,7 @@ def test_families_of_known_kernel_names():
     assert profile.family("gemm_splitk_kernel") == "tilefly GEMM"
     assert profile.family("rms_norm_rows_kernel") == "tilefly other"
     assert profile.family("mx_quantize_kernel") == "tilefly other"
+    assert profile.family("add_rms_norm_mx_quantize_kernel") == "tilefly other"
     assert profile.family("decode_split_kernel") == "tilefly attention"
     assert profile.family("attention_fwd512_kernel") == "tilefly attention"
     assert profile.family("nvjet_sm90_tst_128x64_64x8_2x1_v_bz_TNT") == "cuBLAS / CUTLASS GEMM"
@@ -84,23 +85,42 @@ def test_profile_decode_runs_on_a_cpu_model():
     assert int(cache.layers[0].cumulative_length) == 8 + 5
 
 
-def test_a_one_program_inductor_reduction_marks_the_step_suspect():
-    """Session 35: a compile put a 32-row fused RMSNorm in one program (200 µs a call, 4.4 in 32)."""
+def test_a_slow_inductor_reduction_marks_the_step_suspect():
+    """Sessions 35 and 37: compiles put a 32-row fused RMSNorm in one program (200 µs a call) and in 16
+    programs (79 µs a call), against 2-4 µs in 32 programs."""
     table = profile.kernel_table([("triton_red_fused_add_mean_mul_pow_rsqrt_13", 3000.0, 15)], steps=1)
     table["wall_us_per_step"] = 3500.0
-    slow = {"name": "triton_red_fused_add_mean_mul_pow_rsqrt_13", "grid": [1, 1, 1], "us_per_step": 3000.0,
+    lone = {"name": "triton_red_fused_add_mean_mul_pow_rsqrt_13", "grid": [1, 1, 1], "us_per_step": 3000.0,
             "calls_per_step": 15.0, "us_per_call": 200.0}
-    table["launches"] = [slow,
-                         {**slow, "name": "triton_red_fused__unsafe_view_argmax_select_16", "us_per_call": 20.0},
-                         {**slow, "grid": [32, 1, 1], "us_per_call": 90.0},               # many programs
-                         {**slow, "name": "mx_gemm_v2_kernel", "grid": [1, 1, 1], "us_per_call": 90.0}]   # not Inductor's
-    assert profile.lone_programs(table) == [slow]
+    few = {**lone, "name": "triton_red_fused_add_mean_mul_pow_rsqrt_12", "grid": [16, 1, 1], "us_per_call": 79.0}
+    table["launches"] = [lone, few,
+                         {**lone, "name": "triton_red_fused__unsafe_view_argmax_select_16", "us_per_call": 20.0},
+                         {**lone, "name": "triton_tem_fused_mm_4", "us_per_call": 90.0},        # a GEMM template
+                         {**lone, "name": "triton_poi_fused_lshift_mul_7", "us_per_call": 60.0},  # MX dequant
+                         {**lone, "name": "mx_gemm_v2_kernel", "us_per_call": 90.0}]            # not Inductor's
+    assert profile.slow_fused(table) == [lone, few]
     assert profile.describe(table).endswith(
-        "; SUSPECT COMPILE, one-program Inductor kernels (profile.lone_programs): "
-        "triton_red_fused_add_mean_mul_pow_rsqrt_13 200 µs a call")
-    table["busy_us_per_step"] = 200.0 / profile.LONE_PROGRAM_SHARE + 1.0   # once a step, under 2% of it
-    slow["us_per_step"] = 200.0
-    assert profile.lone_programs(table) == []
+        "; SUSPECT COMPILE, slow Inductor fused kernels (profile.slow_fused): "
+        "triton_red_fused_add_mean_mul_pow_rsqrt_13 grid [1, 1, 1] 200 µs a call x15, "
+        "triton_red_fused_add_mean_mul_pow_rsqrt_12 grid [16, 1, 1] 79 µs a call x15")
+    table["busy_us_per_step"] = 200.0 / profile.SLOW_FUSED_SHARE + 1.0   # once a step, under 2% of it
+    lone["us_per_step"] = few["us_per_step"] = 200.0
+    assert profile.slow_fused(table) == []
     table["busy_us_per_step"] = 3000.0
-    table["launches"] = table["launches"][1:]
+    table["launches"] = table["launches"][2:]
     assert "SUSPECT" not in profile.describe(table)
+
+
+def test_kernel_sources_finds_each_definition_of_a_cut_name_in_the_wrapper_code():
+    def wrapper(name, body):
+        return (f"{name} = async_compile.triton('{name}', '''\nimport triton\n@triton.jit\ndef {name}(x):\n"
+                f"    {body}\n''', device_str='cuda')\n")
+
+    long_name = "triton_red_fused__to_copy__unsafe_view_add_mean_mul_pow_rsqrt_" + "x" * 80 + "_13"
+    graph_1 = wrapper(long_name, "pass  # graph 1") + wrapper("triton_poi_fused_silu_6", "pass")
+    graph_2 = wrapper(long_name, "pass  # graph 2") + wrapper(long_name, "pass  # graph 2")
+    found = profile.kernel_sources([graph_1, graph_2], [long_name[:120], "triton_red_fused_absent_1"])
+    assert list(found) == [long_name[:120]]
+    assert [src.splitlines()[-1] for src in found[long_name[:120]]] == ["    pass  # graph 1", "    pass  # graph 2"]
+    assert all(f"def {long_name}(x):" in src for src in found[long_name[:120]])
+    assert profile.kernel_sources([], ["triton_red_fused_1"]) == {}

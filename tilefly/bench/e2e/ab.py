@@ -159,6 +159,9 @@ def run_side(model, cache, side: Side, prompts: torch.Tensor, output_len: int, c
                 f.write("\n\n".join(codes))
     metrics["runs"] = len(timed)
     if profile is not None:
+        suspects = e2e_profile.kernel_sources(codes, [k["name"] for k in e2e_profile.slow_fused(profile)])
+        if suspects:
+            profile["slow_fused_sources"] = suspects
         metrics["profile"] = profile
     return metrics, best, warm
 

@@ -26,7 +26,7 @@ import torch
 FAMILIES = (
     ("tilefly GEMM", re.compile(r"^(gemm_|mx_gemm|mx_upcast|mx_rescale|mx_requant|grouped_gemm)")),
     ("tilefly attention", re.compile(r"^(attention_|decode_split_kernel)")),
-    ("tilefly other", re.compile(r"^(rms_norm_|topk_|mx_quantize_kernel)")),
+    ("tilefly other", re.compile(r"^(rms_norm_|topk_|mx_quantize_kernel|add_rms_norm_mx_quantize)")),
     ("cuBLAS / CUTLASS GEMM", re.compile(r"nvjet|cutlass|xmma|gemm|gemv|splitKreduce", re.IGNORECASE)),
     ("Triton template (Inductor)", re.compile(r"^triton_tem")),
     ("Triton fused (Inductor)", re.compile(r"^triton_")),
@@ -119,29 +119,51 @@ def profile_decode(eng, prompts: torch.Tensor, steps: int = 16, top: int = 25) -
     return table
 
 
-LONE_PROGRAM_US = 50.0       # a call at least this long ...
-LONE_PROGRAM_SHARE = 0.02    # ... and at least this share of the step's GPU time
+SLOW_FUSED_US = 50.0       # a call at least this long ...
+SLOW_FUSED_SHARE = 0.02    # ... and at least this share of the step's GPU time
 
 
-def lone_programs(table: dict[str, Any]) -> list[dict[str, Any]]:
-    """Inductor kernels launched as one program that take LONE_PROGRAM_US a call and LONE_PROGRAM_SHARE
-    of the step: a reduction over every row in a single program, which a compile's autotuning can pick
-    (session 35: the fused RMSNorm before each 32-request MXFP4 layer at 200 µs a call, 35% of the step,
-    against 4.4 µs in 32 programs in another compile). Such a step is not the model's usual speed."""
-    floor = LONE_PROGRAM_SHARE * table.get("busy_us_per_step", 0.0)
+def slow_fused(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """Inductor's fused reductions (``triton_red_*``, ``triton_per_*``) that take SLOW_FUSED_US a call and
+    SLOW_FUSED_SHARE of the step. A decode step's reductions (RMSNorms, the sampling argmax) read well
+    under a MB a call and take 1-15 µs, but a config that puts several rows in each program makes them
+    latency-bound, and a compile's runtime autotuning can pick one (the 32-request fused RMSNorm: 200 µs
+    a call in one program, session 35; 130 µs in one and 79 µs in 16 programs, session 37; 2-4 µs in 32
+    programs in other compiles). Such a step is not the model's usual speed. Pointwise kernels are not
+    counted: the stock MX path's weight dequantization is legitimately long."""
+    floor = SLOW_FUSED_SHARE * table.get("busy_us_per_step", 0.0)
     return [launch for launch in table.get("launches", [])
-            if family(launch["name"]) == "Triton fused (Inductor)" and launch["grid"] in ([1], [1, 1, 1])
-            and launch["us_per_call"] >= LONE_PROGRAM_US and launch["us_per_step"] >= floor]
+            if launch["name"].startswith(("triton_red_", "triton_per_"))
+            and launch["us_per_call"] >= SLOW_FUSED_US and launch["us_per_step"] >= floor]
 
 
 def describe(table: dict[str, Any], families: int = 6) -> str:
-    """One line: wall and GPU-busy time per step and the largest families (and any ``lone_programs``)."""
+    """One line: wall and GPU-busy time per step and the largest families (and any ``slow_fused``)."""
     parts = [f"{f['family']} {f['us_per_step']:.0f}" for f in table["families"][:families]]
-    lone = lone_programs(table)
-    warn = ("; SUSPECT COMPILE, one-program Inductor kernels (profile.lone_programs): "
-            + ", ".join(f"{k['name'][:60]} {k['us_per_call']:.0f} µs a call" for k in lone)) if lone else ""
+    slow = slow_fused(table)
+    warn = ("; SUSPECT COMPILE, slow Inductor fused kernels (profile.slow_fused): "
+            + ", ".join(f"{k['name'][:60]} grid {k['grid']} {k['us_per_call']:.0f} µs a call "
+                        f"x{k['calls_per_step']:.0f}" for k in slow)) if slow else ""
     return (f"profiled step {table['wall_us_per_step']:.0f} µs, GPU busy {table['busy_us_per_step']:.0f} µs "
             f"in {table['kernels_per_step']:.0f} kernels: " + ", ".join(parts) + warn)
+
+
+# how Inductor's wrapper code defines a Triton kernel: name = async_compile.triton('name', '''source''', ...)
+_KERNEL_DEF = re.compile(r"async_compile\.triton\('(?P<name>[^']+)', '''(?P<source>.*?)'''", re.DOTALL)
+
+
+def kernel_sources(codes: Iterable[str], names: Iterable[str]) -> dict[str, list[str]]:
+    """The Triton source of each kernel named, from Inductor's captured wrapper code: every distinct
+    definition (kernel names restart in each graph), a prefix matching (a profile cuts names to 120
+    characters). Kept with a suspect profile, so that a slow kernel can be read without another run."""
+    names = list(names)
+    found: dict[str, list[str]] = {name: [] for name in names}
+    for code in codes:
+        for m in _KERNEL_DEF.finditer(code):
+            for name in names:
+                if m["name"].startswith(name) and m["source"] not in found[name]:
+                    found[name].append(m["source"])
+    return {name: sources for name, sources in found.items() if sources}
 
 
 def tilefly_gemms(table: dict[str, Any]) -> str:
