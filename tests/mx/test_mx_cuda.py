@@ -222,3 +222,74 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, fmt):
             graph.replay()
             for got, ref in zip(captured, expected):
                 torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+# ---- the fused residual add + RMSNorm + quantization (tilefly.mx.norm_quant, config.mx_fused_norm_quant)
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("k", [96, 4096, 5120, 16384])
+def test_cuda_fused_norm_quantize_matches_the_ops_bit_for_bit(fmt, k):
+    """Inputs whose sums are exact in any order (checks.norm_quantize_input): the kernel and the PyTorch
+    ops on the GPU round the same rstd, so every byte agrees (NaN blocks aside)."""
+    from tilefly.ops.mx_gemm.checks import check_norm_quantize
+
+    check_norm_quantize(fmt, 33, k, device="cuda")
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cuda_fused_norm_quantize_on_model_like_rows(fmt):
+    """Gaussian rows: h is exact; the mean's summation order may move a normalised value across a BF16
+    rounding boundary, so a few bytes may differ, each in a block whose values stay within one step."""
+    from tilefly.mx import formats, norm_quant
+    from tilefly.mx.quant import dequantize_rows
+
+    spec = formats.ELEMENTS[fmt]
+    a, b = (torch.randn(32, 4096, device="cuda") * 4).bfloat16(), torch.randn(32, 4096, device="cuda").bfloat16()
+    w = torch.randn(4096, device="cuda").bfloat16()
+    poisoned = (torch.full_like(a, 7.0), torch.full((32, 4096 // spec.per_byte), 0x5A, dtype=torch.uint8, device="cuda"),
+                torch.full((32, 128), 0x5A, dtype=torch.uint8, device="cuda"))
+    h, data, scales = norm_quant.add_rms_norm_quantize_kernel(a, b, w, 1e-5, spec, out=poisoned)
+    want_h, want_data, want_scales = norm_quant.add_rms_norm_quantize_ops(a, b, w, 1e-5, spec)
+    assert torch.equal(h, want_h)
+    assert (scales != want_scales).float().mean() < 1e-3 and (data != want_data).float().mean() < 1e-3
+    got = dequantize_rows(data, scales, spec, torch.float32)
+    want = dequantize_rows(want_data, want_scales, spec, torch.float32)
+    # one element step at the top of a block: amax / 8 (E4M3: 32 of 256..448), amax / 2 (E2M1: 2 of 4..6)
+    top = want.abs().reshape(32, 128, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(32, 4096)
+    step = top / (2 if fmt == "mxfp4" else 8)
+    assert ((got - want).abs() <= step).all()
+
+
+@pytest.mark.skipif(MX_FAMILY not in FAMILIES, reason=f"tilefly has no {MX_FAMILY} family yet")
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cuda_compiled_decoder_block_runs_the_fused_kernel(monkeypatch, fmt):
+    """An add + RMSNorm feeding two MX projections, compiled with the option on: one fused op call in
+    the graph, and the projections agree with the unfused compile."""
+    from torch._inductor.utils import run_and_get_code
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tilefly import config
+
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(4096, eps=1e-5).cuda().bfloat16()
+    with torch.no_grad():
+        norm.weight.normal_()
+    layers = nn.ModuleList([mx.MXLinear.from_linear(nn.Linear(4096, n, bias=False).cuda().bfloat16(), fmt,
+                                                    backend="scaled_mm") for n in (1024, 2048)])
+
+    def block(a, b):
+        h = a + b
+        x = norm(h)
+        return h, layers[0](x), layers[1](x)
+
+    a, b = torch.randn(32, 1, 4096, device="cuda").bfloat16(), torch.randn(32, 1, 4096, device="cuda").bfloat16()
+    outs = {}
+    for fused in (False, True):
+        monkeypatch.setattr(config, "mx_fused_norm_quant", fused)
+        with tilefly.enabled(), torch.no_grad():
+            torch._dynamo.reset()
+            outs[fused], (code,) = run_and_get_code(torch.compile(block), a, b)
+        assert ("torch.ops.tilefly.add_rms_norm_mx_quantize.default(" in code) == fused
+    assert torch.equal(outs[True][0], outs[False][0])
+    for got, want in zip(outs[True][1:], outs[False][1:]):
+        torch.testing.assert_close(got, want, rtol=0.1, atol=0.1 * want.abs().max().item())

@@ -41,7 +41,7 @@ SUBNORMAL_SHIFTER_BITS = tl.constexpr(0x46800000)
 
 
 @triton.jit
-def _e4m3_codes(y):
+def e4m3_codes(y):
     """E4M3 bytes (int32 0..255) of FP32 values y, rounded to nearest even, saturated at +-448."""
     bits = y.to(tl.int32, bitcast=True)
     sign = (bits >> 24) & 0x80
@@ -56,13 +56,36 @@ def _e4m3_codes(y):
 
 
 @triton.jit
-def _e2m1_codes(y):
+def e2m1_codes(y):
     """E2M1 codes (int32 0..15) of FP32 values y: round to nearest even, saturate at +-6."""
     mag = tl.abs(y)
     code = (mag > 0.25).to(tl.int32) + (mag >= 0.75).to(tl.int32) + (mag > 1.25).to(tl.int32)
     code += (mag >= 1.75).to(tl.int32) + (mag > 2.5).to(tl.int32) + (mag >= 3.5).to(tl.int32)
     code += (mag > 5.0).to(tl.int32)
     return code | ((y.to(tl.int32, bitcast=True) >> 28) & 8)
+
+
+@triton.jit
+def bf16_to_f32(x):
+    """FP32 values of BF16 (or int16-viewed BF16) x, by moving the bits up: exact, also for subnormals
+    in Triton's interpreter, whose casts may flush them."""
+    return ((x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def block_scales(x, EMAX: tl.constexpr):
+    """(E8M0 scale codes [R], x scaled by 2^-scale [R, 32]) of FP32 blocks x [R, 32], by the rules above."""
+    field = tl.max((x.to(tl.int32, bitcast=True) >> 23) & 0xFF, axis=1)
+    scale = tl.where(field == 0xFF, E8M0_NAN, tl.maximum(field - EMAX, 0))
+    inverse = (tl.where(scale == E8M0_NAN, 127, 254 - scale) << 23).to(tl.float32, bitcast=True)
+    return scale, x * inverse[:, None]
+
+
+@triton.jit
+def e2m1_pairs(y, BLOCKS: tl.constexpr):
+    """The packed E2M1 bytes [BLOCKS, 16] (low nibble first) of scaled blocks y [BLOCKS, 32]."""
+    lo, hi = tl.split(tl.reshape(e2m1_codes(y), [BLOCKS, SCALE_BLOCK // 2, 2]))
+    return lo | (hi << 4)
 
 
 @triton.jit
@@ -75,20 +98,16 @@ def mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks, EMAX: tl.constexpr,
     live = blk < n_blocks
     col = tl.arange(0, SCALE_BLOCK)
     x = tl.load(x_ptr + blk[:, None] * SCALE_BLOCK + col[None, :], mask=live[:, None], other=0.0)
-    if x_ptr.dtype.element_ty == tl.bfloat16:   # the bits moved up: exact for subnormals in the interpreter too
-        x = ((x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        x = bf16_to_f32(x)
     else:
         x = x.to(tl.float32)
-    field = tl.max((x.to(tl.int32, bitcast=True) >> 23) & 0xFF, axis=1)
-    scale = tl.where(field == 0xFF, E8M0_NAN, tl.maximum(field - EMAX, 0))
-    inverse = (tl.where(scale == E8M0_NAN, 127, 254 - scale) << 23).to(tl.float32, bitcast=True)
-    y = x * inverse[:, None]
+    scale, y = block_scales(x, EMAX)
     tl.store(scale_ptr + blk, scale.to(tl.uint8), mask=live)
     if FP4:
-        lo, hi = tl.split(tl.reshape(_e2m1_codes(y), [BLOCKS, SCALE_BLOCK // 2, 2]))
         pair = tl.arange(0, SCALE_BLOCK // 2)
-        tl.store(data_ptr + blk[:, None] * (SCALE_BLOCK // 2) + pair[None, :], (lo | (hi << 4)).to(tl.uint8),
+        tl.store(data_ptr + blk[:, None] * (SCALE_BLOCK // 2) + pair[None, :], e2m1_pairs(y, BLOCKS).to(tl.uint8),
                  mask=live[:, None])
     else:
-        tl.store(data_ptr + blk[:, None] * SCALE_BLOCK + col[None, :], _e4m3_codes(y).to(tl.uint8),
+        tl.store(data_ptr + blk[:, None] * SCALE_BLOCK + col[None, :], e4m3_codes(y).to(tl.uint8),
                  mask=live[:, None])

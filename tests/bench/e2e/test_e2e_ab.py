@@ -155,8 +155,13 @@ def test_picks_counts_packed_sibling_mx_calls_apart():
             "    assert_size_stride(buf4, (2, 12), (12, 1), 'torch.ops.tilefly.mx_linear_mm_packed.default')\n"
             "    buf9 = torch.ops.tilefly.mx_linear_mm.default(a, w, sa, sw, 'mxfp8', 'none', None, torch.bfloat16)\n")
     found = picks.picks([code])
-    assert (found["mx_op_calls"], found["mx_packed_calls"]) == (1, 1)
+    assert (found["mx_op_calls"], found["mx_packed_calls"]) == (1, 1) and "mx_fused_norm_calls" not in found
     assert picks.describe(found).endswith("MX layer calls 1; packed sibling MX calls 1")
+    code += ("    buf1 = torch.ops.tilefly.add_rms_norm_mx_quantize.default(x, r, w, 1e-05, 'mxfp8')\n"
+             "    assert_size_stride(buf1, (2, 12), (12, 1), 'torch.ops.tilefly.add_rms_norm_mx_quantize.default')\n")
+    found = picks.picks([code])
+    assert found["mx_fused_norm_calls"] == 1
+    assert picks.describe(found).endswith("packed sibling MX calls 1; fused add + RMSNorm + MX quantization calls 1")
 
 
 def test_cli_exact_casts_reaches_the_run_and_its_record(monkeypatch, tmp_path):

@@ -33,7 +33,56 @@ def interpreter_checks():
                for fmt, dtype, rows, k in (("mxfp8", "bf16", 5, 320), ("mxfp8", "fp32", 7, 640),
                                            ("mxfp8", "fp16", 3, 96), ("mxfp4", "bf16", 7, 640),
                                            ("mxfp4", "fp32", 5, 320), ("mxfp4", "fp16", 3, 96))]
+    checks += [(f"add_rms_norm_quantize[{fmt},{rows}x{k}]", functools.partial(check_norm_quantize, fmt, rows, k))
+               for fmt, rows, k in (("mxfp8", 6, 96), ("mxfp4", 6, 320), ("mxfp4", 7, 4096))]
     return checks
+
+
+def norm_quantize_input(rows: int, k: int, seed: int):
+    """(a, b, weight) BF16 for the fused add + RMSNorm + quantization checks (rows >= 6): a and b
+    integers in [-8, 8] times a power of two per row (2^-60 .. 2^60), so that h = a + b and the sum of
+    h^2 are exact in any summation order and every implementation rounds the same rstd; row 0 all
+    zeros (rstd = rsqrt(eps)), row 1 with a NaN, row 2 with an Inf, row 3 all ones (normalised to just
+    under 1, which BF16 rounds up). The weight has zeros, negatives and powers of two."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp2(torch.randint(-60, 61, (rows, 1), generator=g).float())
+    a = torch.randint(-8, 9, (rows, k), generator=g).float() * scale
+    b = torch.randint(-8, 9, (rows, k), generator=g).float() * scale
+    a[0], b[0] = 0.0, 0.0
+    a[1, 5], a[2, 7] = float("nan"), float("inf")
+    a[3], b[3] = 1.0, 0.0
+    weight = torch.randn(k, generator=g)
+    weight[:3] = torch.tensor([0.0, -1.0, 2.0 ** -3])
+    return a.to(torch.bfloat16), b.to(torch.bfloat16), weight.to(torch.bfloat16)
+
+
+def check_norm_quantize(fmt: str, rows: int, k: int, device: str = "cpu") -> None:
+    """norm_quant.add_rms_norm_quantize_kernel (kernels_norm_quant in the interpreter) against the
+    PyTorch ops, bit for bit over outputs poisoned first: h (a NaN matching any NaN: its sign and payload
+    differ between PyTorch's CPU and CUDA casts), every scale byte, and the data bytes of every block
+    whose scale is not NaN (a NaN-scale block dequantizes to NaN whatever its bytes). ``device="cuda"``:
+    the same on the GPU (test_mx_cuda.py), against the PyTorch ops there."""
+    import os
+
+    import torch
+
+    from tilefly.mx import formats, norm_quant
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    a, b, weight = (t.to(device) for t in norm_quantize_input(rows, k, seed))
+    spec = formats.ELEMENTS[fmt]
+    for eps in (1e-5, 0.0):
+        want = norm_quant.add_rms_norm_quantize_ops(a, b, weight, eps, spec)
+        poisoned = (torch.full_like(want[0], 7.0),) + tuple(torch.full_like(t, 0x5A) for t in want[1:])
+        got = norm_quant.add_rms_norm_quantize_kernel(a, b, weight, eps, spec, out=poisoned)
+        nan_blocks = (want[2] == 255).repeat_interleave(formats.BLOCK // spec.per_byte, dim=1)
+        same = {"h": (got[0].view(torch.int16) == want[0].view(torch.int16)) | (got[0].isnan() & want[0].isnan()),
+                "scales": got[2] == want[2], "data": (got[1] == want[1]) | nan_blocks}
+        for name, ok in same.items():
+            if not ok.all():
+                raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (eps {eps}, seed {seed})")
 
 
 def quantize_input(dtype_name: str, rows: int, k: int, seed: int):

@@ -429,7 +429,8 @@ def compile_specs():
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
-    return [compile_spec(*variant) for variant in variants] + requant_specs() + upcast_specs() + quantize_specs()
+    return ([compile_spec(*variant) for variant in variants] + requant_specs() + upcast_specs() + quantize_specs()
+            + norm_quantize_specs())
 
 
 def compile_spec(fmt: str, cfg: MXConfig, xs: bool = False, ys: bool = False, bias: int = 0, out: str = "bf16",
@@ -483,6 +484,27 @@ def quantize_specs():
     return specs
 
 
+def norm_quantize_specs():
+    """tilefly.mx's fused add + RMSNorm + quantization kernel (tilefly/mx/kernels_norm_quant.py) for both
+    formats at the row lengths of Llama-3.1-8B (4096), Qwen3-32B (5120) and the largest served (16384),
+    with the launcher's warps; the operands load in 16-byte vectors."""
+    from tilefly.compile_check import KernelSpec
+    from tilefly.mx import formats, norm_quant
+
+    sig = {"a_ptr": "*i16", "b_ptr": "*i16", "w_ptr": "*i16", "h_ptr": "*i16", "data_ptr": "*u8",
+           "scale_ptr": "*u8", "K": "i32", "EPS": "constexpr", "EMAX": "constexpr", "FP4": "constexpr",
+           "BLOCK_K": "constexpr"}
+    specs = []
+    for fmt in FORMATS:
+        for k in (4096, 5120, norm_quant.MAX_K):
+            block_k = norm_quant.block_k_of(k)
+            constexprs = dict(EPS=1e-5, EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCK_K=block_k)
+            specs.append(KernelSpec(f"mx.add_rms_norm_quantize[{fmt},K={k}]", _norm_quantize_kernel, sig, constexprs,
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(7)},
+                                    num_warps=norm_quant.num_warps(block_k), sass_must_contain=("LDG.E.128",)))
+    return specs
+
+
 def upcast_specs():
     """The BF16 route's kernels (kernels_upcast.py): the upcast of both operands for both formats and
     scale layouts at K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for
@@ -517,6 +539,12 @@ def upcast_specs():
                                 constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 7, 8)},
                                 num_warps=8))
     return specs
+
+
+def _norm_quantize_kernel():
+    from tilefly.mx import kernels_norm_quant
+
+    return kernels_norm_quant.add_rms_norm_mx_quantize_kernel
 
 
 def _quantize_kernel():

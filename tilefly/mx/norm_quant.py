@@ -1,0 +1,128 @@
+"""``tilefly::add_rms_norm_mx_quantize``: residual add, RMSNorm and MX activation quantization as one op.
+
+A compiled decoder layer with MX projections quantized the output of Inductor's fused add-and-RMSNorm
+kernel with a kernel of its own (``tilefly::mx_quantize_rows``): at 32 requests the Llama-3.1-8B MXFP4
+step ran 128 quantization kernels, 240 µs of its 5013 µs of GPU time plus their launch gaps (BENCHMARKS.md
+session 36). ``tilefly.mx.norm_fusion`` (a step of the post-grad pass, ``config.mx_fused_norm_quant``)
+replaces the add, the RMSNorm and the quantization after it by this op, whose CUDA path is
+kernels_norm_quant's one kernel.
+
+It returns ``(h, data, scale_bytes)``: ``h = a + b`` in a's shape, and ``quantize_rows`` of the
+normalised rows as uint8 bytes, exactly as ``mx_quantize_rows`` returns them. Where the kernel does not
+serve (CPU tensors, a dtype other than BF16, rows that are not contiguous, K beyond ``MAX_K``, a failed
+launch) the PyTorch ops compute the same values (``add_rms_norm_quantize_ops``).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tilefly.mx import formats
+from tilefly.mx.formats import BLOCK, ElementFormat
+from tilefly.mx.quant import quantize_rows_ops
+
+_log = logging.getLogger("tilefly.mx")
+MAX_K = 16384             # one row a program in registers: 16384 BF16 elements over 16 warps
+_launches: dict = {}      # compiled kernels, replayed through _triton_launch.launch_direct
+_kernel_failed: dict = {}  # device index -> why the kernel could not run there (the ops serve instead)
+
+
+def shape_reason(shape, dtype: torch.dtype) -> str | None:
+    """Why rows of this shape and dtype are not the kernel's, or None (also what the fusion checks
+    on the graph's fake values)."""
+    k = shape[-1] if len(shape) else 0
+    if dtype != torch.bfloat16:
+        return f"{dtype} rows (the kernel reads BF16)"
+    if k % BLOCK or not 0 < k <= MAX_K:
+        return f"row length {k} (the kernel takes a multiple of {BLOCK} up to {MAX_K})"
+    return None
+
+
+def kernel_reason(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why the kernel does not run on these tensors, or None when it does."""
+    if not a.is_cuda:
+        return f"{a.device.type} tensors (the kernel runs on CUDA devices)"
+    if (reason := shape_reason(a.shape, a.dtype)) is not None:
+        return reason
+    if b.shape != a.shape or b.dtype != a.dtype or weight.dtype != a.dtype or weight.shape != a.shape[-1:]:
+        return f"operands {tuple(a.shape)}/{tuple(b.shape)}/{tuple(weight.shape)} of {a.dtype}/{b.dtype}/{weight.dtype}"
+    if not (a.is_contiguous() and b.is_contiguous() and weight.is_contiguous()):
+        return "operands that are not contiguous"
+    return _kernel_failed.get(a.get_device())
+
+
+def add_rms_norm_quantize_ops(a, b, weight, eps: float, spec: ElementFormat):
+    """The PyTorch ops of a transformers RMSNorm after a residual add, then ``quantize_rows_ops``."""
+    h = a + b
+    hf = h.float()
+    x = weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+    data, scale_bits = quantize_rows_ops(x.reshape(-1, x.shape[-1]), spec)
+    return h, data.view(torch.uint8), scale_bits
+
+
+def block_k_of(k: int) -> int:
+    """The kernel's row tile: K rounded up to a power of two."""
+    return 1 << (k - 1).bit_length()
+
+
+def num_warps(block_k: int) -> int:
+    """Warps a row, 4 to 16: 16 elements a thread (two 16-byte loads an operand) from K = 2048 to 8192."""
+    return max(4, min(16, block_k // 512))
+
+
+def _kernel():
+    from tilefly.mx.kernels_norm_quant import add_rms_norm_mx_quantize_kernel
+
+    return add_rms_norm_mx_quantize_kernel
+
+
+def add_rms_norm_quantize_kernel(a, b, weight, eps: float, spec: ElementFormat, out=None):
+    """kernels_norm_quant's kernel on contiguous BF16 operands (CPU tensors: Triton's interpreter, for
+    the CI checks); ``out``: (h, data, scale bytes) to write into."""
+    from tilefly import _triton_launch
+
+    k = a.shape[-1]
+    rows = a.numel() // k
+    if out is None:
+        out = (torch.empty_like(a), torch.empty((rows, k // spec.per_byte), dtype=torch.uint8, device=a.device),
+               torch.empty((rows, k // BLOCK), dtype=torch.uint8, device=a.device))
+    h, data, scale_bits = out
+    if rows:
+        block_k = block_k_of(k)
+        views = (a.view(torch.int16), b.view(torch.int16), weight.view(torch.int16), h.view(torch.int16))
+        _triton_launch.launch_direct(_launches, _kernel, (rows, 1), (*views, data, scale_bits), (k,),
+                                     dict(EPS=float(eps), EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCK_K=block_k),
+                                     num_warps=num_warps(block_k))
+    return h, data, scale_bits
+
+
+@torch.library.custom_op("tilefly::add_rms_norm_mx_quantize", mutates_args=())
+def add_rms_norm_mx_quantize(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, eps: float,
+                             fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a + b, then the MX bytes of ``weight * RMSNorm(a + b)``'s rows): see the module docstring."""
+    spec = formats.ELEMENTS[fmt]
+    reason = kernel_reason(a, b, weight)
+    if reason is None:
+        try:
+            return add_rms_norm_quantize_kernel(a, b, weight, eps, spec)
+        except Exception as err:  # noqa: BLE001 - any failure of the kernel leaves the ops to serve
+            reason = _kernel_failed[a.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
+            _log.warning("tilefly.mx: add + RMSNorm + quantization with PyTorch ops from now on on %s, %s",
+                         a.device, reason)
+    if a.is_cuda:
+        _log.debug("tilefly.mx: add_rms_norm_mx_quantize with PyTorch ops: %s", reason)
+    return add_rms_norm_quantize_ops(a, b, weight, eps, spec)
+
+
+@add_rms_norm_mx_quantize.register_fake
+def _add_rms_norm_mx_quantize_fake(a, b, weight, eps, fmt):
+    return fake_outputs(a, formats.ELEMENTS[fmt])
+
+
+def fake_outputs(a: torch.Tensor, spec: ElementFormat):
+    """Empty tensors shaped as the op's outputs for an ``a`` (real or fake)."""
+    k = a.shape[-1]
+    rows = a.numel() // k
+    return (torch.empty_like(a), a.new_empty((rows, k // spec.per_byte), dtype=torch.uint8),
+            a.new_empty((rows, k // BLOCK), dtype=torch.uint8))
