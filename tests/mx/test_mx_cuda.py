@@ -246,7 +246,8 @@ def test_cuda_fused_norm_quantize_on_model_like_rows(fmt):
     spec = formats.ELEMENTS[fmt]
     a, b = (torch.randn(32, 4096, device="cuda") * 4).bfloat16(), torch.randn(32, 4096, device="cuda").bfloat16()
     w = torch.randn(4096, device="cuda").bfloat16()
-    poisoned = (torch.full_like(a, 7.0), torch.full((32, 4096 // spec.per_byte), 0x5A, dtype=torch.uint8, device="cuda"),
+    poisoned = (torch.full_like(a, 7.0),
+                torch.full((32, 4096 // spec.per_byte), 0x5A, dtype=torch.uint8, device="cuda"),
                 torch.full((32, 128), 0x5A, dtype=torch.uint8, device="cuda"))
     h, data, scales = norm_quant.add_rms_norm_quantize_kernel(a, b, w, 1e-5, spec, out=poisoned)
     want_h, want_data, want_scales = norm_quant.add_rms_norm_quantize_ops(a, b, w, 1e-5, spec)

@@ -58,7 +58,7 @@ class SharedQuantization(CustomGraphPass):
         # The FX graph cache keys on this (the pass's source, so an edited pass misses the cache);
         # a displaced pass without a key of its own keeps the graph out of the cache, as Inductor
         # would have without tilefly.
-        own = (get_hash_for_files((__file__, siblings.__file__, norm_fusion.__file__))
+        own = (get_hash_for_files((__file__, siblings.__file__, norm_fusion.__file__, norm_fusion.norm_quant.__file__))
                + (b":fused-norm-quant" if config.mx_fused_norm_quant else b""))
         if self.then is None:
             return own

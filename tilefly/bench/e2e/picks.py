@@ -67,7 +67,8 @@ def describe(p: dict[str, Any]) -> str:
     templates = f"{p['triton_templates']}" + ("" if calls is None else f" ({calls} calls)")
     mx = f"; MX layer calls {p['mx_op_calls']}" if p.get("mx_op_calls") else ""
     mx += f"; packed sibling MX calls {p['mx_packed_calls']}" if p.get("mx_packed_calls") else ""
-    mx += f"; fused add + RMSNorm + MX quantization calls {p['mx_fused_norm_calls']}" if p.get("mx_fused_norm_calls") else ""
+    fused = p.get("mx_fused_norm_calls")
+    mx += f"; fused add + RMSNorm + MX quantization calls {fused}" if fused else ""
     races = f"; {describe_races(p['races'])}" if p.get("races") else ""
     return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}{mx}{races}"
 
