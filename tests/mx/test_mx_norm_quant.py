@@ -126,3 +126,28 @@ def test_the_option_enters_the_pass_key(monkeypatch):
     monkeypatch.setattr(config, "mx_fused_norm_quant", True)
     on = SharedQuantization().uuid()
     assert isinstance(on, bytes) and on != off
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
+def test_every_norm_after_a_residual_add_fuses_in_a_transformers_model(monkeypatch, reference, name):
+    """The pattern as transformers' Llama and Qwen3 decoder layers trace it (MXFP4 layers, the CUDA
+    path's opaque quantization forced on CPU): all of them but the first layer's input norm, whose input
+    is the embedding (no residual add)."""
+    from tilefly.bench.e2e import models, picks
+    from tilefly.mx import linear
+
+    monkeypatch.setattr(linear, "_quantize_as_op", lambda rows: torch.compiler.is_compiling())
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)   # the pass must run
+    model = models.build_model(name)
+    models.apply_precision(model, "mxfp4", backend="scaled_mm", swizzle="none")
+    ids = torch.randint(0, model.config.vocab_size, (2, 1))
+
+    def step(ids):
+        return model(input_ids=ids).logits
+
+    expected = step(ids)
+    out, code = _compiled(monkeypatch, step, ids)
+    layers = model.config.num_hidden_layers
+    assert picks.picks([code])["mx_fused_norm_calls"] == 2 * layers - 1
+    assert code.count(QUANT) == 1 + 2 * layers        # that norm's, and the o and down projections' inputs
+    torch.testing.assert_close(out, expected, rtol=0, atol=0.1 * expected.abs().max().item())

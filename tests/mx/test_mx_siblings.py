@@ -1,7 +1,8 @@
 """Sibling MX layers as one GEMM (tilefly.mx.siblings and the post-grad pass's second step), on CPU.
 
 ATen has no MX GEMM on CPU, so F.scaled_mm is replaced here by a float64 reference on the dequantized
-operands that also counts its calls: one call for a packed set, one per weight otherwise.
+operands that also counts its calls (conftest.py's ``reference``): one call for a packed set, one per
+weight otherwise.
 """
 import operator
 
@@ -12,36 +13,9 @@ from torch._inductor.utils import run_and_get_code
 
 import tilefly
 from tilefly.mx import formats, linear, siblings
-from tilefly.mx.layout import from_blocked
-from tilefly.mx.quant import dequantize_rows
 from tilefly.mx.shared_quant_pass import pack_sibling_gemms
 
 PACKED_CALL = "torch.ops.tilefly.mx_linear_mm_packed.default("
-
-
-class _ReferenceScaledMM:
-    """F.scaled_mm's MX call (linear._scaled_mm's arguments) in float64; ``calls`` counts GEMMs."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __call__(self, a, b, scale_a, scale_b, swizzle, bias, out_dtype):
-        self.calls += 1
-        spec = formats.ELEMENTS["mxfp4" if a.dtype == torch.float4_e2m1fn_x2 else "mxfp8"]
-        w = b.t()
-        sa, sw = scale_a.view(torch.uint8), scale_b.view(torch.uint8)
-        if swizzle == "32_4_4":
-            k_blocks = a.shape[1] * spec.per_byte // formats.BLOCK
-            sa, sw = from_blocked(sa, a.shape[0], k_blocks), from_blocked(sw, w.shape[0], k_blocks)
-        out = dequantize_rows(a, sa, spec, torch.float64) @ dequantize_rows(w, sw, spec, torch.float64).t()
-        return (out if bias is None else out + bias.double()).to(out_dtype)
-
-
-@pytest.fixture
-def reference(monkeypatch):
-    ref = _ReferenceScaledMM()
-    monkeypatch.setattr(linear, "_scaled_mm", ref)
-    return ref
 
 
 class _Attention(nn.Module):

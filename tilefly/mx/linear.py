@@ -185,7 +185,7 @@ class MXLinear(nn.Module):
                              f"got {x.dtype} of shape {tuple(x.shape)}")
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
-        if self.backend == "scaled_mm" and rows.is_cuda and torch.compiler.is_compiling():
+        if self.backend == "scaled_mm" and _quantize_as_op(rows):
             a_data, a_scale_bits = mx_quantize_rows(rows, self.fmt)   # tilefly.mx.quant_op says why
         else:
             a_data, a_scale_bits = quantize_rows(rows, formats.ELEMENTS[self.fmt])
@@ -217,6 +217,12 @@ class MXLinear(nn.Module):
         if torch.compiler.is_compiling():
             return mx_linear_mm(a_data.view(torch.uint8), *args)   # the op takes uint8 bits (schema)
         return _mx_mm(a_data, *args)
+
+
+def _quantize_as_op(rows: torch.Tensor) -> bool:
+    """Whether a traced forward quantizes through the opaque op: CUDA rows being compiled (CPU graphs keep
+    the PyTorch ops, which Inductor fuses; the CPU tests of the post-grad pass replace this)."""
+    return rows.is_cuda and torch.compiler.is_compiling()
 
 
 def _skipped(name: str, skip) -> bool:

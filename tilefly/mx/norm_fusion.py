@@ -103,10 +103,22 @@ def _match(quant: torch.fx.Node):
                                                                                            mean, power, c0])
 
 
+def _drop_dead_pure_nodes(graph: torch.fx.Graph) -> None:
+    """Erase ATen / prims nodes without users and without side effects: the views that fed the
+    quantizations the shared-quantization step removed still count as users of the normalised value."""
+    for node in reversed(list(graph.nodes)):
+        target = node.target
+        if (node.op == "call_function" and not node.users and isinstance(target, torch._ops.OpOverload)
+                and target.namespace in ("aten", "prims") and not target._schema.is_mutable
+                and torch.Tag.nondeterministic_seeded not in target.tags):
+            graph.erase_node(node)
+
+
 def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
     """Replace every match (module docstring) by one op call; returns how many."""
     target = torch.ops.tilefly.mx_quantize_rows.default
     fused_op = torch.ops.tilefly.add_rms_norm_mx_quantize.default
+    _drop_dead_pure_nodes(graph)
     done = 0
     for quant in list(graph.nodes):
         if quant.op != "call_function" or quant.target is not target:
