@@ -151,3 +151,19 @@ def test_every_norm_after_a_residual_add_fuses_in_a_transformers_model(monkeypat
     assert picks.picks([code])["mx_fused_norm_calls"] == 2 * layers - 1
     assert code.count(QUANT) == 1 + 2 * layers        # that norm's, and the o and down projections' inputs
     torch.testing.assert_close(out, expected, rtol=0, atol=0.1 * expected.abs().max().item())
+
+
+def test_only_dead_side_effect_free_nodes_are_dropped_before_matching():
+    from tilefly.mx.norm_fusion import _drop_dead_pure_nodes
+
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    view = graph.call_function(aten.view.default, (x, [-1]))                       # dead, pure: dropped
+    graph.call_function(aten.mul.Tensor, (view, 2.0))                              # dead, pure: dropped
+    graph.call_function(aten.copy_.default, (y, x))                                # mutates y: kept
+    graph.call_function(aten._assert_async.msg, (x, "x must hold"))                # a side effect: kept
+    graph.output(graph.call_function(aten.add.Tensor, (x, y)))
+    _drop_dead_pure_nodes(graph)
+    assert [n.target for n in graph.nodes if n.op == "call_function"] == [
+        aten.copy_.default, aten._assert_async.msg, aten.add.Tensor]

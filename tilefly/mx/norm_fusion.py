@@ -110,7 +110,7 @@ def _drop_dead_pure_nodes(graph: torch.fx.Graph) -> None:
         target = node.target
         if (node.op == "call_function" and not node.users and isinstance(target, torch._ops.OpOverload)
                 and target.namespace in ("aten", "prims") and not target._schema.is_mutable
-                and torch.Tag.nondeterministic_seeded not in target.tags):
+                and torch.Tag.nondeterministic_seeded not in target.tags and not node.is_impure()):
             graph.erase_node(node)
 
 
