@@ -227,28 +227,30 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, fmt):
 # ---- the fused residual add + RMSNorm + quantization (tilefly.mx.norm_quant, config.mx_fused_norm_quant)
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
-@pytest.mark.parametrize("k", [96, 4096, 5120, 16384])
+@pytest.mark.parametrize("k", [4096, 16384])
 def test_cuda_fused_norm_quantize_matches_the_ops_bit_for_bit(fmt, k):
     """Inputs whose sums are exact in any order (checks.norm_quantize_input): the kernel and the PyTorch
-    ops on the GPU round the same rstd, so every byte agrees (NaN blocks aside)."""
+    ops on the GPU round the same rstd, so every byte agrees (NaN blocks aside). K a power of two: ATen's
+    CUDA mean multiplies by 1 / K where the kernel (as Inductor's) divides by K, an ulp apart otherwise."""
     from tilefly.ops.mx_gemm.checks import check_norm_quantize
 
     check_norm_quantize(fmt, 33, k, device="cuda")
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
-def test_cuda_fused_norm_quantize_on_model_like_rows(fmt):
-    """Gaussian rows: h is exact; the mean's summation order may move a normalised value across a BF16
-    rounding boundary, so a few bytes may differ, each in a block whose values stay within one step."""
+@pytest.mark.parametrize("k", [4096, 5120])
+def test_cuda_fused_norm_quantize_on_model_like_rows(fmt, k):
+    """Gaussian rows: h is exact; the mean's summation order (and at K = 5120 its division) may move a
+    normalised value across a BF16 rounding boundary, so a few bytes may differ, each by one step."""
     from tilefly.mx import formats, norm_quant
     from tilefly.mx.quant import dequantize_rows
 
     spec = formats.ELEMENTS[fmt]
-    a, b = (torch.randn(32, 4096, device="cuda") * 4).bfloat16(), torch.randn(32, 4096, device="cuda").bfloat16()
-    w = torch.randn(4096, device="cuda").bfloat16()
+    a, b = (torch.randn(32, k, device="cuda") * 4).bfloat16(), torch.randn(32, k, device="cuda").bfloat16()
+    w = torch.randn(k, device="cuda").bfloat16()
     poisoned = (torch.full_like(a, 7.0),
-                torch.full((32, 4096 // spec.per_byte), 0x5A, dtype=torch.uint8, device="cuda"),
-                torch.full((32, 128), 0x5A, dtype=torch.uint8, device="cuda"))
+                torch.full((32, k // spec.per_byte), 0x5A, dtype=torch.uint8, device="cuda"),
+                torch.full((32, k // 32), 0x5A, dtype=torch.uint8, device="cuda"))
     h, data, scales = norm_quant.add_rms_norm_quantize_kernel(a, b, w, 1e-5, spec, out=poisoned)
     want_h, want_data, want_scales = norm_quant.add_rms_norm_quantize_ops(a, b, w, 1e-5, spec)
     assert torch.equal(h, want_h)
@@ -256,7 +258,7 @@ def test_cuda_fused_norm_quantize_on_model_like_rows(fmt):
     got = dequantize_rows(data, scales, spec, torch.float32)
     want = dequantize_rows(want_data, want_scales, spec, torch.float32)
     # one element step at the top of a block: amax / 8 (E4M3: 32 of 256..448), amax / 2 (E2M1: 2 of 4..6)
-    top = want.abs().reshape(32, 128, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(32, 4096)
+    top = want.abs().reshape(32, k // 32, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(32, k)
     step = top / (2 if fmt == "mxfp4" else 8)
     assert ((got - want).abs() <= step).all()
 
