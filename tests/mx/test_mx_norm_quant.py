@@ -3,6 +3,8 @@
 The kernel's bits are checked in Triton's interpreter (tilefly.ops.mx_gemm.checks, run by
 tests/ops/mx_gemm/test_mx_requant.py) and on the GPU (test_mx_cuda.py); here: the op's PyTorch path
 against transformers' RMSNorm, and which graphs the pass rewrites."""
+import functools
+
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -109,13 +111,25 @@ def test_the_option_off_leaves_the_graph_alone(monkeypatch):
     assert FUSED not in code and code.count(QUANT) == 1
 
 
-@pytest.mark.parametrize("case", ["normalised value used elsewhere", "no residual add", "float32 rows"])
+def _weight_after_the_add(a, b, w):
+    """The RMSNorm's weight computed from h: the fused op, which goes where h is, could not read it."""
+    h = a + b
+    hf = h.float()
+    x = (w * h[0, 0, 0]) * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype)
+    data, scales = torch.ops.tilefly.mx_quantize_rows(x.reshape(-1, x.shape[-1]), "mxfp8")
+    return h, data, scales
+
+
+@pytest.mark.parametrize("case", ["normalised value used elsewhere", "no residual add", "float32 rows",
+                                  "weight computed from the sum"])
 def test_the_pass_leaves_what_it_does_not_match(monkeypatch, case):
     norm = _rms_norm()
     a, b = _operands()
     if case == "float32 rows":
         norm, a, b = norm.float(), a.float(), b.float()
     f = _layer(norm, extra_user=case == "normalised value used elsewhere", residual=case != "no residual add")
+    if case == "weight computed from the sum":
+        f = functools.partial(_weight_after_the_add, w=norm.weight.detach())
     _, code = _compiled(monkeypatch, f, a, b)
     assert FUSED not in code and code.count(QUANT) == 1
 

@@ -12,7 +12,8 @@ Compiled, that was two kernels: Inductor's fused add-and-RMSNorm reduction and t
 
 Every rounding happens where the PyTorch ops round (the BF16 add, the normalised value, its product
 with the weight), by integer operations (``rne_bf16``) so that Triton's interpreter gives the same
-bits; only the mean's summation order is the kernel's own.
+bits. The kernel's own are the mean's summation order and its division by K, as Inductor's fused
+kernel has it (ATen's CUDA mean multiplies by 1 / K).
 
 Layout plan: one program a row. The row is one [BLOCK_K] tile (K rounded up to a power of two,
 masked past K) over num_warps warps, so a thread holds BLOCK_K / (32 * num_warps) consecutive
@@ -27,7 +28,7 @@ import triton.language as tl
 
 from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, e2m1_pairs, e4m3_codes
 
-BF16_NAN_BITS = tl.constexpr(0x7FC00000)   # the NaN that PyTorch's FP32 -> BF16 cast gives
+BF16_NAN_BITS = tl.constexpr(0x7FC00000)   # a quiet NaN (PyTorch's casts give various NaN bits, none compared)
 
 
 @triton.jit

@@ -119,12 +119,15 @@ def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
     target = torch.ops.tilefly.mx_quantize_rows.default
     fused_op = torch.ops.tilefly.add_rms_norm_mx_quantize.default
     _drop_dead_pure_nodes(graph)
+    order = {node: i for i, node in enumerate(graph.nodes)}   # new nodes come after h: old ones keep their order
     done = 0
     for quant in list(graph.nodes):
         if quant.op != "call_function" or quant.target is not target:
             continue
         found = _match(quant)
-        if found is None or any(u.target is not operator.getitem for u in quant.users):
+        # the op goes where h was, so the weight must exist by then (a and b do: they are h's operands)
+        if (found is None or any(u.target is not operator.getitem for u in quant.users)
+                or order[found["weight"]] > order[found["h"]]):
             continue
         h = found["h"]
         with graph.inserting_after(h):
