@@ -117,10 +117,12 @@ OPTIONS: tuple[Option, ...] = (
            "has it at most 0.9x SDPA's time for the nearest measured shape, so with no database nothing changes; "
            "'on': every eligible call; 'off': none. 'auto' with a database, and 'on', install the forward "
            "overrides of the cuDNN and efficient ops."),
-    Option("mx_fused_norm_quant", "TILEFLY_MX_FUSED_NORM_QUANT", _bool, False,
-           "In compiled graphs, a residual add, the RMSNorm after it and the MX quantization of its output (an "
-           "MX layer's input) run as one tilefly kernel instead of Inductor's reduction and tilefly's "
-           "quantization kernel (tilefly/mx/norm_fusion.py). Off until measured on the GPU."),
+    Option("mx_fused_quant", "TILEFLY_MX_FUSED_QUANT", _bool, False,
+           "In compiled graphs, the MX quantization of an MX layer's input runs inside the kernel that makes "
+           "that input: a residual add + RMSNorm before the q/k/v and gate/up projections "
+           "(tilefly/mx/norm_fusion.py), an MLP's SiLU product before the down projection "
+           "(tilefly/mx/silu_fusion.py), each one tilefly kernel instead of Inductor's kernel plus tilefly's "
+           "quantization kernel. Off until measured on the GPU."),
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
@@ -140,7 +142,7 @@ attention_routes: str
 mx_requantize: bool
 mx_upcast: str
 attention_decode: str
-mx_fused_norm_quant: bool
+mx_fused_quant: bool
 mx_pdl: bool
 
 

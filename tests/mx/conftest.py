@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import tilefly
+from tilefly import config
 from tilefly.mx import formats, linear
 from tilefly.mx.layout import from_blocked
 from tilefly.mx.quant import dequantize_rows
@@ -31,3 +33,18 @@ def reference(monkeypatch):
     ref = ReferenceScaledMM()
     monkeypatch.setattr(linear, "_scaled_mm", ref)
     return ref
+
+
+@pytest.fixture
+def compile_fused(monkeypatch):
+    """``run(f, *args, fused=True)``: ``f`` compiled on ``args`` with tilefly enabled and
+    ``config.mx_fused_quant`` set to ``fused``; returns (outputs, Inductor's code)."""
+    from torch._inductor.utils import run_and_get_code
+
+    def run(f, *args, fused=True):
+        monkeypatch.setattr(config, "mx_fused_quant", fused)
+        with tilefly.enabled(), torch.no_grad():
+            torch._dynamo.reset()
+            out, (code,) = run_and_get_code(torch.compile(f), *args)
+        return out, code
+    return run

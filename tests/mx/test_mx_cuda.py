@@ -224,7 +224,7 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, fmt):
                 torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
-# ---- the fused residual add + RMSNorm + quantization (tilefly.mx.norm_quant, config.mx_fused_norm_quant)
+# ---- the fused residual add + RMSNorm + quantization (tilefly.mx.norm_quant, config.mx_fused_quant)
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("k", [4096, 16384])
@@ -263,11 +263,22 @@ def test_cuda_fused_norm_quantize_on_model_like_rows(fmt, k):
     assert ((got - want).abs() <= step).all()
 
 
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("n", [4096, 14336])
+def test_cuda_fused_silu_quantize_matches_the_ops(fmt, n):
+    """Strided gate/up rows (slices of one packed output): exact where exp and division cannot round
+    apart, within one element step elsewhere (checks.check_silu_quantize)."""
+    from tilefly.ops.mx_gemm.checks import check_silu_quantize
+
+    check_silu_quantize(fmt, 32, n, device="cuda")
+
+
 @pytest.mark.skipif(MX_FAMILY not in FAMILIES, reason=f"tilefly has no {MX_FAMILY} family yet")
 @pytest.mark.parametrize("fmt", mx.FORMATS)
-def test_cuda_compiled_decoder_block_runs_the_fused_kernel(monkeypatch, fmt):
-    """An add + RMSNorm feeding two MX projections, compiled with the option on: one fused op call in
-    the graph, and the projections agree with the unfused compile."""
+def test_cuda_compiled_decoder_block_runs_the_fused_kernels(monkeypatch, fmt):
+    """An add + RMSNorm feeding an MX gate/up pair and the SiLU product feeding an MX down projection,
+    compiled with config.mx_fused_quant on: one call of each fused op, and the same results as the
+    unfused compile (h exactly, the projections within the quantization's error)."""
     from torch._inductor.utils import run_and_get_code
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -277,22 +288,23 @@ def test_cuda_compiled_decoder_block_runs_the_fused_kernel(monkeypatch, fmt):
     norm = LlamaRMSNorm(4096, eps=1e-5).cuda().bfloat16()
     with torch.no_grad():
         norm.weight.normal_()
-    layers = nn.ModuleList([mx.MXLinear.from_linear(nn.Linear(4096, n, bias=False).cuda().bfloat16(), fmt,
-                                                    backend="scaled_mm") for n in (1024, 2048)])
+    gate, up, down = (mx.MXLinear.from_linear(nn.Linear(k, n, bias=False).cuda().bfloat16(), fmt, backend="scaled_mm")
+                      for k, n in ((4096, 2048), (4096, 2048), (2048, 4096)))
 
     def block(a, b):
         h = a + b
         x = norm(h)
-        return h, layers[0](x), layers[1](x)
+        return h, down(nn.functional.silu(gate(x)) * up(x))
 
     a, b = torch.randn(32, 1, 4096, device="cuda").bfloat16(), torch.randn(32, 1, 4096, device="cuda").bfloat16()
     outs = {}
     for fused in (False, True):
-        monkeypatch.setattr(config, "mx_fused_norm_quant", fused)
+        monkeypatch.setattr(config, "mx_fused_quant", fused)
         with tilefly.enabled(), torch.no_grad():
             torch._dynamo.reset()
             outs[fused], (code,) = run_and_get_code(torch.compile(block), a, b)
-        assert ("torch.ops.tilefly.add_rms_norm_mx_quantize.default(" in code) == fused
+        for op in ("add_rms_norm_mx_quantize", "silu_mul_mx_quantize"):
+            assert code.count(f"torch.ops.tilefly.{op}.default(") == (1 if fused else 0), (op, fused)
     assert torch.equal(outs[True][0], outs[False][0])
-    for got, want in zip(outs[True][1:], outs[False][1:]):
-        torch.testing.assert_close(got, want, rtol=0.1, atol=0.1 * want.abs().max().item())
+    want = outs[False][1]
+    torch.testing.assert_close(outs[True][1], want, rtol=0.1, atol=0.1 * want.abs().max().item())

@@ -7,10 +7,8 @@ import functools
 
 import pytest
 import torch
-from torch._inductor.utils import run_and_get_code
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-import tilefly
 from tilefly import config, mx
 from tilefly.mx import formats, norm_quant
 from tilefly.mx.quant import quantize_rows_ops
@@ -87,27 +85,19 @@ def _layer(norm, fmt="mxfp4", extra_user=False, residual=True):
     return f
 
 
-def _compiled(monkeypatch, f, *args, fused=True):
-    monkeypatch.setattr(config, "mx_fused_norm_quant", fused)
-    with tilefly.enabled(), torch.no_grad():
-        torch._dynamo.reset()
-        out, (code,) = run_and_get_code(torch.compile(f), *args)
-    return out, code
-
-
 @pytest.mark.parametrize("fmt", mx.FORMATS)
-def test_the_pass_fuses_add_norm_and_quantization_and_keeps_every_result(monkeypatch, fmt):
+def test_the_pass_fuses_add_norm_and_quantization_and_keeps_every_result(compile_fused, fmt):
     norm = _rms_norm()
     a, b = _operands()
     f = _layer(norm, fmt)
-    out, code = _compiled(monkeypatch, f, a, b)
+    out, code = compile_fused(f, a, b)
     assert code.count(FUSED) == 1 and QUANT not in code
     for got, want in zip(out, f(a, b)):
         assert _same(got, want)
 
 
-def test_the_option_off_leaves_the_graph_alone(monkeypatch):
-    out, code = _compiled(monkeypatch, _layer(_rms_norm()), *_operands(), fused=False)
+def test_the_option_off_leaves_the_graph_alone(compile_fused):
+    out, code = compile_fused(_layer(_rms_norm()), *_operands(), fused=False)
     assert FUSED not in code and code.count(QUANT) == 1
 
 
@@ -122,7 +112,7 @@ def _weight_after_the_add(a, b, w):
 
 @pytest.mark.parametrize("case", ["normalised value used elsewhere", "no residual add", "float32 rows",
                                   "weight computed from the sum"])
-def test_the_pass_leaves_what_it_does_not_match(monkeypatch, case):
+def test_the_pass_leaves_what_it_does_not_match(compile_fused, case):
     norm = _rms_norm()
     a, b = _operands()
     if case == "float32 rows":
@@ -130,23 +120,24 @@ def test_the_pass_leaves_what_it_does_not_match(monkeypatch, case):
     f = _layer(norm, extra_user=case == "normalised value used elsewhere", residual=case != "no residual add")
     if case == "weight computed from the sum":
         f = functools.partial(_weight_after_the_add, w=norm.weight.detach())
-    _, code = _compiled(monkeypatch, f, a, b)
+    _, code = compile_fused(f, a, b)
     assert FUSED not in code and code.count(QUANT) == 1
 
 
 def test_the_option_enters_the_pass_key(monkeypatch):
-    monkeypatch.setattr(config, "mx_fused_norm_quant", False)
+    monkeypatch.setattr(config, "mx_fused_quant", False)
     off = SharedQuantization().uuid()
-    monkeypatch.setattr(config, "mx_fused_norm_quant", True)
+    monkeypatch.setattr(config, "mx_fused_quant", True)
     on = SharedQuantization().uuid()
     assert isinstance(on, bytes) and on != off
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
-def test_every_norm_after_a_residual_add_fuses_in_a_transformers_model(monkeypatch, reference, name):
-    """The pattern as transformers' Llama and Qwen3 decoder layers trace it (MXFP4 layers, the CUDA
-    path's opaque quantization forced on CPU): all of them but the first layer's input norm, whose input
-    is the embedding (no residual add)."""
+def test_every_norm_after_a_residual_add_and_every_mlp_product_fuse_in_a_transformers_model(
+        monkeypatch, compile_fused, reference, name):
+    """Both patterns as transformers' Llama and Qwen3 decoder layers trace them (MXFP4 layers, the CUDA
+    path's opaque quantization forced on CPU): every norm but the first layer's input norm, whose input
+    is the embedding (no residual add), and every MLP's SiLU product (tilefly.mx.silu_fusion)."""
     from tilefly.bench.e2e import models, picks
     from tilefly.mx import linear
 
@@ -160,15 +151,16 @@ def test_every_norm_after_a_residual_add_fuses_in_a_transformers_model(monkeypat
         return model(input_ids=ids).logits
 
     expected = step(ids)
-    out, code = _compiled(monkeypatch, step, ids)
+    out, code = compile_fused(step, ids)
     layers = model.config.num_hidden_layers
-    assert picks.picks([code])["mx_fused_norm_calls"] == 2 * layers - 1
-    assert code.count(QUANT) == 1 + 2 * layers        # that norm's, and the o and down projections' inputs
+    found = picks.picks([code])
+    assert (found["mx_fused_norm_calls"], found["mx_fused_silu_calls"]) == (2 * layers - 1, layers)
+    assert code.count(QUANT) == 1 + layers        # that norm's, and the o projections' inputs
     torch.testing.assert_close(out, expected, rtol=0, atol=0.1 * expected.abs().max().item())
 
 
 def test_only_dead_side_effect_free_nodes_are_dropped_before_matching():
-    from tilefly.mx.norm_fusion import _drop_dead_pure_nodes
+    from tilefly.mx.fusion_graph import drop_dead_pure_nodes
 
     aten = torch.ops.aten
     graph = torch.fx.Graph()
@@ -178,6 +170,6 @@ def test_only_dead_side_effect_free_nodes_are_dropped_before_matching():
     graph.call_function(aten.copy_.default, (y, x))                                # mutates y: kept
     graph.call_function(aten._assert_async.msg, (x, "x must hold"))                # a side effect: kept
     graph.output(graph.call_function(aten.add.Tensor, (x, y)))
-    _drop_dead_pure_nodes(graph)
+    drop_dead_pure_nodes(graph)
     assert [n.target for n in graph.nodes if n.op == "call_function"] == [
         aten.copy_.default, aten._assert_async.msg, aten.add.Tensor]

@@ -3,7 +3,7 @@
 A compiled decoder layer with MX projections quantized the output of Inductor's fused add-and-RMSNorm
 kernel with a kernel of its own (``tilefly::mx_quantize_rows``): at 32 requests the Llama-3.1-8B MXFP4
 step ran 128 quantization kernels, 240 µs of its 5013 µs of GPU time plus their launch gaps (BENCHMARKS.md
-session 37). ``tilefly.mx.norm_fusion`` (a step of the post-grad pass, ``config.mx_fused_norm_quant``)
+session 37). ``tilefly.mx.norm_fusion`` (a step of the post-grad pass, ``config.mx_fused_quant``)
 replaces the add, the RMSNorm and the quantization after it by this op, whose CUDA path is
 kernels_norm_quant's one kernel.
 

@@ -6,8 +6,10 @@
 2. Then ``tilefly::mx_linear_mm`` calls of one quantized activation, format, layout and output dtype,
    none with a bias, become one ``tilefly::mx_linear_mm_packed`` call whose output columns the graph
    slices (``tilefly.mx.siblings`` says why and when it runs as one GEMM).
-3. With ``config.mx_fused_norm_quant``, a residual add, the RMSNorm after it and the quantization of its
-   output become one ``tilefly::add_rms_norm_mx_quantize`` call (``tilefly.mx.norm_fusion``).
+3. With ``config.mx_fused_quant``, a residual add, the RMSNorm after it and the quantization of its
+   output become one ``tilefly::add_rms_norm_mx_quantize`` call (``tilefly.mx.norm_fusion``),
+4. and an MLP's ``silu(gate) * up`` and its quantization one ``tilefly::silu_mul_mx_quantize`` call
+   (``tilefly.mx.silu_fusion``).
 
 ``tilefly.enable()`` puts ``SharedQuantization`` in ``torch._inductor.config.post_grad_custom_pre_pass``
 with the ``mx_gemm`` family, chaining the pass it finds there; ``tilefly.disable()`` restores it.
@@ -25,7 +27,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
 import tilefly.mx.quant_op  # noqa: F401 - registers tilefly::mx_quantize_rows
 from tilefly import config
-from tilefly.mx import norm_fusion, siblings
+from tilefly.mx import fusion_graph, norm_fusion, siblings, silu_fusion
 
 _lock = threading.Lock()
 
@@ -49,8 +51,9 @@ class SharedQuantization(CustomGraphPass):
                     node.replace_all_uses_with(kept)
                     graph.erase_node(node)
         pack_sibling_gemms(graph, numbers)   # numbers still hold: a kept call has its twins' number
-        if config.mx_fused_norm_quant:
+        if config.mx_fused_quant:
             norm_fusion.fuse_norm_quantization(graph)
+            silu_fusion.fuse_silu_quantization(graph)
         if self.then is not None:
             self.then(graph)
 
@@ -58,8 +61,10 @@ class SharedQuantization(CustomGraphPass):
         # The FX graph cache keys on this (the pass's source, so an edited pass misses the cache);
         # a displaced pass without a key of its own keeps the graph out of the cache, as Inductor
         # would have without tilefly.
-        own = (get_hash_for_files((__file__, siblings.__file__, norm_fusion.__file__, norm_fusion.norm_quant.__file__))
-               + (b":fused-norm-quant" if config.mx_fused_norm_quant else b""))
+        fusion = (fusion_graph.__file__, norm_fusion.__file__, norm_fusion.norm_quant.__file__, silu_fusion.__file__,
+                  silu_fusion.silu_quant.__file__)
+        own = (get_hash_for_files((__file__, siblings.__file__, *fusion))
+               + (b":fused-quant" if config.mx_fused_quant else b""))
         if self.then is None:
             return own
         inner = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None

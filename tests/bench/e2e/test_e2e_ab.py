@@ -159,9 +159,11 @@ def test_picks_counts_packed_sibling_mx_calls_apart():
     assert picks.describe(found).endswith("MX layer calls 1; packed sibling MX calls 1")
     code += ("    buf1 = torch.ops.tilefly.add_rms_norm_mx_quantize.default(x, r, w, 1e-05, 'mxfp8')\n"
              "    assert_size_stride(buf1, (2, 12), (12, 1), 'torch.ops.tilefly.add_rms_norm_mx_quantize.default')\n")
+    code += "    buf2 = torch.ops.tilefly.silu_mul_mx_quantize.default(g, u, 'mxfp8')\n"
     found = picks.picks([code])
-    assert found["mx_fused_norm_calls"] == 1
-    assert picks.describe(found).endswith("packed sibling MX calls 1; fused add + RMSNorm + MX quantization calls 1")
+    assert found["mx_fused_norm_calls"] == found["mx_fused_silu_calls"] == 1
+    assert picks.describe(found).endswith("packed sibling MX calls 1; fused add + RMSNorm + MX quantization calls 1; "
+                                          "fused SiLU product + MX quantization calls 1")
 
 
 def test_cli_exact_casts_reaches_the_run_and_its_record(monkeypatch, tmp_path):

@@ -10,6 +10,7 @@ def test_families_of_known_kernel_names():
     assert profile.family("rms_norm_rows_kernel") == "tilefly other"
     assert profile.family("mx_quantize_kernel") == "tilefly other"
     assert profile.family("add_rms_norm_mx_quantize_kernel") == "tilefly other"
+    assert profile.family("silu_mul_mx_quantize_kernel") == "tilefly other"
     assert profile.family("decode_split_kernel") == "tilefly attention"
     assert profile.family("attention_fwd512_kernel") == "tilefly attention"
     assert profile.family("nvjet_sm90_tst_128x64_64x8_2x1_v_bz_TNT") == "cuBLAS / CUTLASS GEMM"

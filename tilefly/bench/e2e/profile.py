@@ -26,7 +26,8 @@ import torch
 FAMILIES = (
     ("tilefly GEMM", re.compile(r"^(gemm_|mx_gemm|mx_upcast|mx_rescale|mx_requant|grouped_gemm)")),
     ("tilefly attention", re.compile(r"^(attention_|decode_split_kernel)")),
-    ("tilefly other", re.compile(r"^(rms_norm_|topk_|mx_quantize_kernel|add_rms_norm_mx_quantize)")),
+    ("tilefly other", re.compile(r"^(rms_norm_|topk_|mx_quantize_kernel|add_rms_norm_mx_quantize|"
+                                 r"silu_mul_mx_quantize)")),
     ("cuBLAS / CUTLASS GEMM", re.compile(r"nvjet|cutlass|xmma|gemm|gemv|splitKreduce", re.IGNORECASE)),
     ("Triton template (Inductor)", re.compile(r"^triton_tem")),
     ("Triton fused (Inductor)", re.compile(r"^triton_")),

@@ -35,6 +35,8 @@ def interpreter_checks():
                                            ("mxfp4", "fp32", 5, 320), ("mxfp4", "fp16", 3, 96))]
     checks += [(f"add_rms_norm_quantize[{fmt},{rows}x{k}]", functools.partial(check_norm_quantize, fmt, rows, k))
                for fmt, rows, k in (("mxfp8", 6, 96), ("mxfp4", 6, 320), ("mxfp4", 7, 4096))]
+    checks += [(f"silu_mul_quantize[{fmt},{rows}x{n}]", functools.partial(check_silu_quantize, fmt, rows, n))
+               for fmt, rows, n in (("mxfp8", 8, 96), ("mxfp4", 8, 2112), ("mxfp8", 9, 4160))]
     return checks
 
 
@@ -83,6 +85,61 @@ def check_norm_quantize(fmt: str, rows: int, k: int, device: str = "cpu") -> Non
         for name, ok in same.items():
             if not ok.all():
                 raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (eps {eps}, seed {seed})")
+
+
+EXACT_SILU_ROWS = 5
+
+
+def silu_quantize_input(rows: int, n: int, seed: int):
+    """(gate, up) BF16 for the fused SiLU product + quantization checks: column slices of one (rows, 2n)
+    tensor, as the packed gate/up GEMM gives them. Rows 0-4 take paths where every implementation's exp
+    and division agree: gate 0 (silu 0), a NaN, an Inf, -100 (exp(100) is Inf: silu -0) and 200 (exp(-200)
+    is 0: silu is the gate); the other rows are Gaussian."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randn(rows, 2 * n, generator=g) * 3
+    packed[0, :n] = 0.0
+    packed[1, 5], packed[2, 7] = float("nan"), float("inf")
+    packed[3, :n], packed[4, :n] = -100.0, 200.0
+    packed = packed.to(torch.bfloat16)
+    return packed[:, :n], packed[:, n:]
+
+
+def check_silu_quantize(fmt: str, rows: int, n: int, device: str = "cpu") -> None:
+    """silu_quant.silu_mul_quantize_kernel (kernels_silu_quant in the interpreter, or on the GPU) against
+    the PyTorch ops, over outputs poisoned first: rows 0-4 (``silu_quantize_input``) bit for bit, NaN-scale
+    blocks' data aside; elsewhere exp and division may round a last bit apart, so every value must stay
+    within one element step of the ops' and at most 2% of the bytes may differ."""
+    import os
+
+    import torch
+
+    from tilefly.mx import formats, silu_quant
+    from tilefly.mx.quant import dequantize_rows
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    gate, up = (t.to(device) for t in silu_quantize_input(rows, n, seed))
+    spec = formats.ELEMENTS[fmt]
+    want = silu_quant.silu_mul_quantize_ops(gate, up, spec)
+    poisoned = tuple(torch.full_like(t, 0x5A) for t in want)
+    got = silu_quant.silu_mul_quantize_kernel(gate, up, spec, out=poisoned)
+    exact = slice(0, EXACT_SILU_ROWS)
+    nan_blocks = (want[1] == 255).repeat_interleave(formats.BLOCK // spec.per_byte, dim=1)
+    same = {"scales": got[1][exact] == want[1][exact], "data": ((got[0] == want[0]) | nan_blocks)[exact]}
+    for name, ok in same.items():
+        if not ok.all():
+            raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (seed {seed})")
+    rest = slice(EXACT_SILU_ROWS, None)
+    for name, g, w in (("scales", got[1], want[1]), ("data", got[0], want[0])):
+        if (g[rest] != w[rest]).float().mean() > 0.02:
+            raise AssertionError(f"{name} bytes differ in {(g[rest] != w[rest]).float().mean():.1%} (seed {seed})")
+    values = dequantize_rows(got[0][rest], got[1][rest], spec, torch.float32)
+    reference = dequantize_rows(want[0][rest], want[1][rest], spec, torch.float32)
+    top = reference.abs().reshape(rows - EXACT_SILU_ROWS, -1, formats.BLOCK).amax(-1, keepdim=True)
+    step = (top / (2 if fmt == "mxfp4" else 8)).expand(-1, -1, formats.BLOCK).reshape(reference.shape)
+    if not ((values - reference).abs() <= step).all():
+        raise AssertionError(f"a value moved more than one step (seed {seed})")
 
 
 def quantize_input(dtype_name: str, rows: int, k: int, seed: int):

@@ -430,7 +430,7 @@ def compile_specs():
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
     return ([compile_spec(*variant) for variant in variants] + requant_specs() + upcast_specs() + quantize_specs()
-            + norm_quantize_specs())
+            + norm_quantize_specs() + silu_quantize_specs())
 
 
 def compile_spec(fmt: str, cfg: MXConfig, xs: bool = False, ys: bool = False, bias: int = 0, out: str = "bf16",
@@ -505,6 +505,20 @@ def norm_quantize_specs():
     return specs
 
 
+def silu_quantize_specs():
+    """tilefly.mx's fused SiLU product + quantization kernel (tilefly/mx/kernels_silu_quant.py) for both
+    formats, on rows strided as column slices of a packed gate/up output; 16-byte loads."""
+    from tilefly.compile_check import KernelSpec
+    from tilefly.mx import formats, silu_quant
+
+    sig = {"g_ptr": "*i16", "u_ptr": "*i16", "data_ptr": "*u8", "scale_ptr": "*u8", "N": "i32", "stride_g": "i32",
+           "stride_u": "i32", "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr"}
+    return [KernelSpec(f"mx.silu_mul_quantize[{fmt}]", _silu_quantize_kernel, sig,
+                       dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=silu_quant.CHUNK_BLOCKS),
+                       attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=4,
+                       sass_must_contain=("LDG.E.128",)) for fmt in FORMATS]
+
+
 def upcast_specs():
     """The BF16 route's kernels (kernels_upcast.py): the upcast of both operands for both formats and
     scale layouts at K = 4096 (one row a program) and K = 256 (16 rows a program); the rescale for
@@ -539,6 +553,12 @@ def upcast_specs():
                                 constexprs, attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 7, 8)},
                                 num_warps=8))
     return specs
+
+
+def _silu_quantize_kernel():
+    from tilefly.mx import kernels_silu_quant
+
+    return kernels_silu_quant.silu_mul_mx_quantize_kernel
 
 
 def _norm_quantize_kernel():
