@@ -93,15 +93,14 @@ EXACT_SILU_ROWS = 5
 def silu_quantize_input(rows: int, n: int, seed: int):
     """(gate, up) BF16 for the fused SiLU product + quantization checks: column slices of one (rows, 2n)
     tensor, as the packed gate/up GEMM gives them. Rows 0-4 take paths where every implementation's exp
-    and division agree: gate 0 (silu 0), a NaN, an Inf, -100 (exp(100) is Inf: silu -0) and 200 (exp(-200)
-    is 0: silu is the gate); the other rows are Gaussian."""
+    and division agree: gate 0 (silu 0; row 1 also a NaN), 200 (exp(-200) is 0: silu is the gate; row 2
+    also an Inf) and -100 (exp(100) is Inf: silu -0); the other rows are Gaussian."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     packed = torch.randn(rows, 2 * n, generator=g) * 3
-    packed[0, :n] = 0.0
+    packed[0, :n], packed[1, :n], packed[2, :n], packed[3, :n], packed[4, :n] = 0.0, 0.0, 200.0, -100.0, 200.0
     packed[1, 5], packed[2, 7] = float("nan"), float("inf")
-    packed[3, :n], packed[4, :n] = -100.0, 200.0
     packed = packed.to(torch.bfloat16)
     return packed[:, :n], packed[:, n:]
 
