@@ -135,7 +135,9 @@ def check_silu_quantize(fmt: str, rows: int, n: int, device: str = "cpu") -> Non
             raise AssertionError(f"{name} bytes differ in {(g[rest] != w[rest]).float().mean():.1%} (seed {seed})")
     values = dequantize_rows(got[0][rest], got[1][rest], spec, torch.float32)
     reference = dequantize_rows(want[0][rest], want[1][rest], spec, torch.float32)
-    top = reference.abs().reshape(rows - EXACT_SILU_ROWS, -1, formats.BLOCK).amax(-1, keepdim=True)
+    # the larger block amax of the two: a value one ulp apart may move its block to the next scale
+    top = torch.maximum(values.abs(), reference.abs()).reshape(rows - EXACT_SILU_ROWS, -1, formats.BLOCK)
+    top = top.amax(-1, keepdim=True)
     step = (top / (2 if fmt == "mxfp4" else 8)).expand(-1, -1, formats.BLOCK).reshape(reference.shape)
     if not ((values - reference).abs() <= step).all():
         raise AssertionError(f"a value moved more than one step (seed {seed})")
