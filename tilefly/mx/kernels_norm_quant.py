@@ -26,7 +26,7 @@ scratch; no barriers of its own.
 import triton
 import triton.language as tl
 
-from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, e2m1_pairs, e4m3_codes
+from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, store_blocks
 
 BF16_NAN_BITS = tl.constexpr(0x7FC00000)   # a quiet NaN (PyTorch's casts give various NaN bits, none compared)
 
@@ -59,12 +59,4 @@ def add_rms_norm_mx_quantize_kernel(a_ptr, b_ptr, w_ptr, h_ptr, data_ptr, scale_
     blk = tl.arange(0, BLOCKS)
     live_blk = blk < K // SCALE_BLOCK
     scale, y = block_scales(tl.reshape(x, [BLOCKS, SCALE_BLOCK]), EMAX)
-    tl.store(scale_ptr + row * (K // SCALE_BLOCK) + blk, scale.to(tl.uint8), mask=live_blk)
-    if FP4:
-        pair = tl.arange(0, SCALE_BLOCK // 2)
-        tl.store(data_ptr + row * (K // 2) + blk[:, None] * (SCALE_BLOCK // 2) + pair[None, :],
-                 e2m1_pairs(y, BLOCKS).to(tl.uint8), mask=live_blk[:, None])
-    else:
-        element = tl.arange(0, SCALE_BLOCK)
-        tl.store(data_ptr + row * K + blk[:, None] * SCALE_BLOCK + element[None, :],
-                 e4m3_codes(y).to(tl.uint8), mask=live_blk[:, None])
+    store_blocks(data_ptr, scale_ptr, row * (K // SCALE_BLOCK) + blk, scale, y, live_blk, FP4, BLOCKS)

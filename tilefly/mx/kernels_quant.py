@@ -89,6 +89,22 @@ def e2m1_pairs(y, BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def store_blocks(data_ptr, scale_ptr, index, scale, y, live, FP4: tl.constexpr, BLOCKS: tl.constexpr):
+    """Store BLOCKS scale blocks, numbered ``index`` [BLOCKS] in the tensor's row-major block order (where
+    ``live``): their E8M0 codes ``scale`` and their scaled values ``y`` [BLOCKS, 32] as E2M1 nibble pairs
+    (16 bytes a block) or E4M3 bytes (32 a block)."""
+    tl.store(scale_ptr + index, scale.to(tl.uint8), mask=live)
+    if FP4:
+        pair = tl.arange(0, SCALE_BLOCK // 2)
+        tl.store(data_ptr + index[:, None] * (SCALE_BLOCK // 2) + pair[None, :], e2m1_pairs(y, BLOCKS).to(tl.uint8),
+                 mask=live[:, None])
+    else:
+        element = tl.arange(0, SCALE_BLOCK)
+        tl.store(data_ptr + index[:, None] * SCALE_BLOCK + element[None, :], e4m3_codes(y).to(tl.uint8),
+                 mask=live[:, None])
+
+
+@triton.jit
 def mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks, EMAX: tl.constexpr, FP4: tl.constexpr,
                        BLOCKS: tl.constexpr, PDL: tl.constexpr):
     if PDL:   # programmatic dependent launch (config.mx_pdl)
@@ -103,11 +119,4 @@ def mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks, EMAX: tl.constexpr,
     else:
         x = x.to(tl.float32)
     scale, y = block_scales(x, EMAX)
-    tl.store(scale_ptr + blk, scale.to(tl.uint8), mask=live)
-    if FP4:
-        pair = tl.arange(0, SCALE_BLOCK // 2)
-        tl.store(data_ptr + blk[:, None] * (SCALE_BLOCK // 2) + pair[None, :], e2m1_pairs(y, BLOCKS).to(tl.uint8),
-                 mask=live[:, None])
-    else:
-        tl.store(data_ptr + blk[:, None] * SCALE_BLOCK + col[None, :], e4m3_codes(y).to(tl.uint8),
-                 mask=live[:, None])
+    store_blocks(data_ptr, scale_ptr, blk, scale, y, live, FP4, BLOCKS)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from tilefly.mx.kernels_norm_quant import rne_bf16
-from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, e2m1_pairs, e4m3_codes
+from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, store_blocks
 
 
 @triton.jit
@@ -36,10 +36,4 @@ def silu_mul_mx_quantize_kernel(g_ptr, u_ptr, data_ptr, scale_ptr, N, stride_g, 
     u = bf16_to_f32(tl.load(u_ptr + row * stride_u + col, mask=live[:, None], other=0))
     x = rne_bf16(rne_bf16(g / (tl.exp(-g) + 1.0)) * u)
     scale, y = block_scales(x, EMAX)
-    tl.store(scale_ptr + row * (N // SCALE_BLOCK) + blk, scale.to(tl.uint8), mask=live)
-    if FP4:
-        pair = tl.arange(0, SCALE_BLOCK // 2)
-        tl.store(data_ptr + row * (N // 2) + blk[:, None] * (SCALE_BLOCK // 2) + pair[None, :],
-                 e2m1_pairs(y, BLOCKS).to(tl.uint8), mask=live[:, None])
-    else:
-        tl.store(data_ptr + row * N + col, e4m3_codes(y).to(tl.uint8), mask=live[:, None])
+    store_blocks(data_ptr, scale_ptr, row * (N // SCALE_BLOCK) + blk, scale, y, live, FP4, BLOCKS)

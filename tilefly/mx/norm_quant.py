@@ -14,15 +14,12 @@ launch) the PyTorch ops compute the same values (``add_rms_norm_quantize_ops``).
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
-from tilefly.mx.quant import quantize_rows_ops
+from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
 
-_log = logging.getLogger("tilefly.mx")
 MAX_K = 16384             # one row a program in registers: 16384 BF16 elements over 16 warps
 _launches: dict = {}      # compiled kernels, replayed through _triton_launch.launch_direct
 _kernel_failed: dict = {}  # device index -> why the kernel could not run there (the ops serve instead)
@@ -102,17 +99,9 @@ def add_rms_norm_mx_quantize(a: torch.Tensor, b: torch.Tensor, weight: torch.Ten
                              fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(a + b, then the MX bytes of ``weight * RMSNorm(a + b)``'s rows): see the module docstring."""
     spec = formats.ELEMENTS[fmt]
-    reason = kernel_reason(a, b, weight)
-    if reason is None:
-        try:
-            return add_rms_norm_quantize_kernel(a, b, weight, eps, spec)
-        except Exception as err:  # noqa: BLE001 - any failure of the kernel leaves the ops to serve
-            reason = _kernel_failed[a.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
-            _log.warning("tilefly.mx: add + RMSNorm + quantization with PyTorch ops from now on on %s, %s",
-                         a.device, reason)
-    if a.is_cuda:
-        _log.debug("tilefly.mx: add_rms_norm_mx_quantize with PyTorch ops: %s", reason)
-    return add_rms_norm_quantize_ops(a, b, weight, eps, spec)
+    return kernel_or_ops(_kernel_failed, a, kernel_reason(a, b, weight),
+                         lambda: add_rms_norm_quantize_kernel(a, b, weight, eps, spec),
+                         lambda: add_rms_norm_quantize_ops(a, b, weight, eps, spec), "add + RMSNorm + quantization")
 
 
 @add_rms_norm_mx_quantize.register_fake

@@ -44,16 +44,23 @@ def quantize_rows(x: torch.Tensor, spec: ElementFormat) -> tuple[torch.Tensor, t
     the caller validated ``x``. Eager CUDA calls run kernels_quant's one-pass kernel
     (bit-identical); elsewhere, and while ``torch.compile`` traces (Inductor fuses the ops
     itself), ``quantize_rows_ops``."""
-    reason = kernel_reason(x)
+    return kernel_or_ops(_kernel_failed, x, kernel_reason(x), lambda: quantize_rows_kernel(x, spec),
+                         lambda: quantize_rows_ops(x, spec), "quantizing")
+
+
+def kernel_or_ops(failed: dict, x: torch.Tensor, reason: str | None, kernel, ops, what: str):
+    """``kernel()`` when ``reason`` (why the kernel cannot serve ``x``) is None, else ``ops()``; a kernel
+    that raises is remembered in ``failed`` for x's device (with a warning), and the ops serve from then
+    on. tilefly.mx's kernels with a PyTorch-ops twin (this module, norm_quant, silu_quant) serve so."""
     if reason is None:
         try:
-            return quantize_rows_kernel(x, spec)
+            return kernel()
         except Exception as err:  # noqa: BLE001 - any failure of the kernel leaves the ops to serve
-            reason = _kernel_failed[x.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
-            _log.warning("tilefly.mx: quantizing with PyTorch ops from now on on %s, %s", x.device, reason)
+            reason = failed[x.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
+            _log.warning("tilefly.mx: %s with PyTorch ops from now on on %s, %s", what, x.device, reason)
     if x.is_cuda and not torch.compiler.is_compiling():   # logging while traced would break the graph
-        _log.debug("tilefly.mx: quantize_rows with PyTorch ops: %s", reason)
-    return quantize_rows_ops(x, spec)
+        _log.debug("tilefly.mx: %s with PyTorch ops: %s", what, reason)
+    return ops()
 
 
 def kernel_reason(x: torch.Tensor) -> str | None:

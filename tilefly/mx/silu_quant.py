@@ -14,16 +14,13 @@ ops compute the values (``silu_mul_quantize_ops``).
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
 from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
-from tilefly.mx.quant import quantize_rows_ops
+from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
 
-_log = logging.getLogger("tilefly.mx")
 CHUNK_BLOCKS = 64          # scale blocks a program takes: 2048 elements, 16 a thread over 4 warps
 _launches: dict = {}       # compiled kernels, replayed through _triton_launch.launch_direct
 _kernel_failed: dict = {}  # device index -> why the kernel could not run there (the ops serve instead)
@@ -94,17 +91,9 @@ def silu_mul_quantize_kernel(gate, up, spec: ElementFormat, out=None):
 def silu_mul_mx_quantize(gate: torch.Tensor, up: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The MX bytes of ``silu(gate) * up``'s rows: see the module docstring."""
     spec = formats.ELEMENTS[fmt]
-    reason = kernel_reason(gate, up)
-    if reason is None:
-        try:
-            return silu_mul_quantize_kernel(gate, up, spec)
-        except Exception as err:  # noqa: BLE001 - any failure of the kernel leaves the ops to serve
-            reason = _kernel_failed[gate.get_device()] = f"the kernel failed here: {type(err).__name__}: {err}"
-            _log.warning("tilefly.mx: SiLU product + quantization with PyTorch ops from now on on %s, %s",
-                         gate.device, reason)
-    if gate.is_cuda:
-        _log.debug("tilefly.mx: silu_mul_mx_quantize with PyTorch ops: %s", reason)
-    return silu_mul_quantize_ops(gate, up, spec)
+    return kernel_or_ops(_kernel_failed, gate, kernel_reason(gate, up),
+                         lambda: silu_mul_quantize_kernel(gate, up, spec),
+                         lambda: silu_mul_quantize_ops(gate, up, spec), "SiLU product + quantization")
 
 
 @silu_mul_mx_quantize.register_fake
