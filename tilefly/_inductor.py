@@ -31,6 +31,7 @@ import threading
 from typing import Any, Callable, Protocol
 
 from tilefly import config
+from tilefly import _kernel_timing as kernel_timing
 from tilefly._race_timing import extern_choice, hook_race_timing
 
 __all__ = ["BACKEND", "extern_choice", "register_candidates", "registered", "install", "uninstall", "installed",
@@ -181,6 +182,7 @@ def install(families=()) -> None:
 
     with _lock:
         _enabled.update(families)
+        kernel_timing.install()
         if _saved_choices_class:
             return
         current = inductor_config.inductor_choices_class
@@ -203,7 +205,10 @@ def uninstall(families=None) -> None:
 
     with _lock:
         _enabled.difference_update(_enabled if families is None else families)
-        if _enabled or not _saved_choices_class:
+        if _enabled:
+            return
+        kernel_timing.uninstall()
+        if not _saved_choices_class:
             return
         if inductor_config.inductor_choices_class is _choices_class():
             inductor_config.inductor_choices_class = _saved_choices_class[0]

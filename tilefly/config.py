@@ -123,7 +123,14 @@ OPTIONS: tuple[Option, ...] = (
            "(tilefly/mx/norm_fusion.py), an MLP's SiLU product before the down projection "
            "(tilefly/mx/silu_fusion.py), each one tilefly kernel instead of Inductor's kernel plus tilefly's "
            "quantization kernel. On by default: it raised Llama-3.1-8B MXFP4 decoding at 32 requests "
-           "from 5457 to 5809 tok/s on the H200 (BENCHMARKS.md session 38)."),
+           "from 5457 to 5782-5809 tok/s on the H200 (two runs, BENCHMARKS.md session 38)."),
+    Option("triton_autotune_timing", "TILEFLY_TRITON_AUTOTUNE_TIMING", _choice("inductor", "queued"), "inductor",
+           "How Inductor times the configs of its own Triton kernels (pointwise, reductions) while tilefly is "
+           "enabled. 'inductor': its way, one launch from Python between events, the clones of in-place "
+           "buffers inside them, which for a few-µs decode kernel measures mostly host time; 'queued': "
+           "launches queued behind a spin kernel so that they run back to back, as in a CUDA graph, and "
+           "a cache tag that keeps these picks apart from stock ones (tilefly/_kernel_timing.py). Read at "
+           "enable(). 'inductor' until measured on the GPU."),
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
@@ -145,6 +152,7 @@ mx_upcast: str
 attention_decode: str
 mx_fused_quant: bool
 mx_pdl: bool
+triton_autotune_timing: str
 
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
