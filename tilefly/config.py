@@ -134,7 +134,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
-           "(griddepcontrol.wait). Experimental: 4% slower end to end (Llama-3.1-8B MXFP8, 32 requests, H200)."),
+           "(griddepcontrol.wait). The quantizing kernels (also the fused norm and SiLU ones) let the GEMM "
+           "launch at their start, and a v2 decode GEMM on an MXLinear's weight streams the weight's first "
+           "ring slots in before its wait (tilefly/mx/weight_operand.py). Experimental: the version without "
+           "the weight prefetch ran 4% slower end to end (Llama-3.1-8B MXFP8, 32 requests, H200); this one is "
+           "not yet measured."),
 )
 
 # Module attributes, filled by reload(); declared for readers and type checkers.

@@ -202,15 +202,23 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, fmt):
     dependent launch; eager and replayed from a CUDA graph, every output equals the launches without."""
     from tilefly import config
 
+    from tilefly.ops.mx_gemm import launch
+
     torch.manual_seed(4)
     m = _Siblings(fmt, torch.bfloat16)
     xs = [torch.randn(32, 1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    prepared = []
+    prepare = launch._prepare
+    monkeypatch.setattr(launch, "_prepare", lambda *args: prepared.append(plan := prepare(*args)) or plan)
     with tilefly.enabled(MX_FAMILY):
         want = [m(x) for x in xs]
         monkeypatch.setattr(config, "mx_pdl", True)
         for x, expected in zip(xs, want):
             for got, ref in zip(m(x), expected):
                 torch.testing.assert_close(got, ref, rtol=0, atol=0)
+        # MXLinear's weights are X of the swapped decode GEMM: v2 builds stream them in before the wait
+        assert any(plan.cfg.pdl and plan.cfg.prefetch_x for plan in prepared if plan.cfg.kernel == 2), \
+            [plan.cfg.name for plan in prepared]
         static = xs[0].clone()
         m(static)                                  # compile and warm the PDL builds outside the capture
         torch.cuda.synchronize()
@@ -222,6 +230,36 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, fmt):
             graph.replay()
             for got, ref in zip(captured, expected):
                 torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(MX_FAMILY not in FAMILIES, reason=f"tilefly has no {MX_FAMILY} family yet")
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cuda_pdl_decoder_block_compiled_gives_the_same_bits(monkeypatch, compile_fused, fmt):
+    """A compiled add + RMSNorm + gate/up + SiLU + down block with the fused quantization: with
+    config.mx_pdl the fused kernels let the GEMMs launch at their start and the GEMMs stream their
+    weights in before waiting; every output equals the compile without PDL."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tilefly import config
+
+    torch.manual_seed(5)
+    norm = LlamaRMSNorm(4096, eps=1e-5).cuda().bfloat16()
+    gate, up, down = (mx.MXLinear.from_linear(nn.Linear(k, n, bias=False).cuda().bfloat16(), fmt, backend="scaled_mm")
+                      for k, n in ((4096, 2048), (4096, 2048), (2048, 4096)))
+
+    def block(a, b):
+        h = a + b
+        x = norm(h)
+        return h, down(nn.functional.silu(gate(x)) * up(x))
+
+    a, b = (torch.randn(32, 1, 4096, device="cuda").bfloat16() for _ in range(2))
+    outs = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(config, "mx_pdl", pdl)
+        outs[pdl], code = compile_fused(block, a, b)
+        assert code.count("torch.ops.tilefly.add_rms_norm_mx_quantize.default(") == 1
+    for got, want in zip(outs[True], outs[False]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 # ---- the fused residual add + RMSNorm + quantization (tilefly.mx.norm_quant, config.mx_fused_quant)

@@ -121,12 +121,17 @@ def _fake_scaled_mm(calls, fmt, swizzle, K=K, N=N):
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("swizzle", mx.SWIZZLES)
 def test_scaled_mm_backend_passes_the_operands_f_scaled_mm_expects(monkeypatch, fmt, swizzle):
-    calls = []
-    monkeypatch.setattr(F, "scaled_mm", _fake_scaled_mm(calls, fmt, swizzle))
+    from tilefly.mx import weight_operand
+
+    calls, constant = [], []
+    fake = _fake_scaled_mm(calls, fmt, swizzle)
+    monkeypatch.setattr(F, "scaled_mm", lambda *args, **kwargs: constant.append(weight_operand.constant())
+                        or fake(*args, **kwargs))
     m = mx.MXLinear.from_linear(_linear(torch.float16), fmt, swizzle=swizzle)
     x = torch.randn(2, 5, K, dtype=torch.float16)
     out = m(x)
     assert len(calls) == 1 and calls[0][0] is m.bias and calls[0][1] == torch.float16
+    assert constant == [True] and not weight_operand.constant()   # B was the layer's weight, for that call only
     assert out.shape == (2, 5, N) and out.dtype == torch.float16
     _assert_close_to(out, _reference(m, x))
     m.backend = "dequant"  # both backends compute the same thing

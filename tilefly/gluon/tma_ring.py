@@ -45,6 +45,16 @@ def issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, item, off_m, off_n, off_k,
     K offset off_k) into its slot. Out-of-bounds rows and columns arrive as zeros.
     ``b_k_base`` shifts only the RHS's K coordinate: a grouped GEMM reads group g's
     MN-major RHS from a [G*K, N] view, its K rows starting at g*K."""
+    issue_load_a(a_desc, b_desc, a_bufs, bars, item, off_m, off_k, A_KMAJOR, STAGES, pred)
+    issue_load_b(b_desc, b_bufs, bars, item, off_n, off_k, B_KMAJOR, STAGES, pred, b_k_base)
+
+
+@gluon.jit
+def issue_load_a(a_desc, b_desc, a_bufs, bars, item, off_m, off_k, A_KMAJOR: gl.constexpr, STAGES: gl.constexpr,
+                 pred=True):
+    """``issue_load``'s first half: the slot's barrier is told to expect both operands' bytes and the
+    LHS copy starts. A kernel may issue it for operands no kernel ahead of it writes (weights) before
+    it waits for that kernel (grid_dependency), and ``issue_load_b`` after."""
     slot = item % STAGES
     bar = bars.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
@@ -52,6 +62,14 @@ def issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, item, off_m, off_n, off_k,
         tma.async_copy_global_to_shared(a_desc, [off_m, off_k], bar, a_bufs.index(slot), pred)
     else:
         tma.async_copy_global_to_shared(a_desc, [off_k, off_m], bar, a_bufs.index(slot), pred)
+
+
+@gluon.jit
+def issue_load_b(b_desc, b_bufs, bars, item, off_n, off_k, B_KMAJOR: gl.constexpr, STAGES: gl.constexpr, pred=True,
+                 b_k_base=0):
+    """``issue_load``'s second half: the RHS copy into the slot whose barrier ``issue_load_a`` armed."""
+    slot = item % STAGES
+    bar = bars.index(slot)
     if B_KMAJOR:
         tma.async_copy_global_to_shared(b_desc, [off_n, off_k], bar, b_bufs.index(slot), pred)
     else:

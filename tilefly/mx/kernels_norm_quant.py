@@ -22,6 +22,9 @@ elements of a, b and w (int16-viewed BF16, 16-byte loads from 8 elements up). Th
 exponent maximum a reduction inside the block, and stored as kernels_quant stores its tiles (E4M3
 bytes, or E2M1 nibble pairs, and one scale byte a block). No shared memory beyond the reductions'
 scratch; no barriers of its own.
+
+With ``TRIGGER`` (config.mx_pdl) every program first signals ``griddepcontrol.launch_dependents``, so
+the MX GEMM after it, launched with PDL, starts streaming its weights while this kernel runs.
 """
 import triton
 import triton.language as tl
@@ -43,7 +46,9 @@ def rne_bf16(x):
 @triton.jit
 def add_rms_norm_mx_quantize_kernel(a_ptr, b_ptr, w_ptr, h_ptr, data_ptr, scale_ptr, K,
                                     EPS: tl.constexpr, EMAX: tl.constexpr, FP4: tl.constexpr,
-                                    BLOCK_K: tl.constexpr):
+                                    BLOCK_K: tl.constexpr, TRIGGER: tl.constexpr):
+    if TRIGGER:   # config.mx_pdl: the MX GEMM after may launch now (it reads our output after its wait)
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, BLOCK_K)
     live = col < K

@@ -16,6 +16,9 @@ the rows may be strided, e.g. column slices of one packed gate/up GEMM output, b
 elements are contiguous). Each block's exponent maximum is a reduction inside the block; the stores
 are kernels_quant's (E4M3 bytes or E2M1 nibble pairs, one scale byte a block). Grid: rows x
 ceil(N / CHUNK). No shared memory beyond the layout change of the E2M1 pairs; no barriers.
+
+With ``TRIGGER`` (config.mx_pdl) every program first signals ``griddepcontrol.launch_dependents``, so
+the MX GEMM after it, launched with PDL, starts streaming its weights while this kernel runs.
 """
 import triton
 import triton.language as tl
@@ -26,7 +29,10 @@ from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, sto
 
 @triton.jit
 def silu_mul_mx_quantize_kernel(g_ptr, u_ptr, data_ptr, scale_ptr, N, stride_g, stride_u,
-                                EMAX: tl.constexpr, FP4: tl.constexpr, BLOCKS: tl.constexpr):
+                                EMAX: tl.constexpr, FP4: tl.constexpr, BLOCKS: tl.constexpr,
+                                TRIGGER: tl.constexpr):
+    if TRIGGER:   # config.mx_pdl: the MX GEMM after may launch now (it reads our output after its wait)
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     live = blk < N // SCALE_BLOCK

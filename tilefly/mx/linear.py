@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tilefly.mx import formats
+from tilefly.mx import formats, weight_operand
 from tilefly.mx.formats import BLOCK
 from tilefly.mx.layout import from_blocked, to_blocked
 from tilefly.mx.quant import dequantize_rows, quantize_rows
@@ -73,7 +73,7 @@ def _mx_mm(a_bits: torch.Tensor, w_bits: torch.Tensor, a_scale_bits: torch.Tenso
     args = (a_bits.view(dtype), w_bits.view(dtype).t(), a_scale_bits.view(torch.float8_e8m0fnu),
             w_scale_bits.view(torch.float8_e8m0fnu), swizzle, bias, out_dtype)
     try:
-        return _scaled_mm(*args)
+        return weight_operand.call_on_constant_weight(_scaled_mm, *args)
     except (RuntimeError, NotImplementedError, ValueError) as err:
         first_line = (str(err).strip().splitlines() or [""])[0]
         raise MXKernelUnavailable(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from tilefly import config
 from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
@@ -89,7 +90,8 @@ def add_rms_norm_quantize_kernel(a, b, weight, eps: float, spec: ElementFormat, 
         block_k = block_k_of(k)
         views = (a.view(torch.int16), b.view(torch.int16), weight.view(torch.int16), h.view(torch.int16))
         _triton_launch.launch_direct(_launches, _kernel, (rows, 1), (*views, data, scale_bits), (k,),
-                                     dict(EPS=float(eps), EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCK_K=block_k),
+                                     dict(EPS=float(eps), EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCK_K=block_k,
+                                          TRIGGER=bool(config.mx_pdl and a.is_cuda)),
                                      num_warps=num_warps(block_k))
     return h, data, scale_bits
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tilefly import config
 from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
@@ -83,7 +84,8 @@ def silu_mul_quantize_kernel(gate, up, spec: ElementFormat, out=None):
         _triton_launch.launch_direct(_launches, _kernel, (rows, chunks),
                                      (g.view(torch.int16), u.view(torch.int16), data, scale_bits),
                                      (n, g.stride(0), u.stride(0)),
-                                     dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=CHUNK_BLOCKS), num_warps=4)
+                                     dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=CHUNK_BLOCKS,
+                                          TRIGGER=bool(config.mx_pdl and g.is_cuda)), num_warps=4)
     return data, scale_bits
 
 

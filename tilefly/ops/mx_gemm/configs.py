@@ -87,6 +87,7 @@ class MXConfig:
     scale_slots: int = 0      # v2: slots of scale words staged in shared memory up front (0: loaded per slot)
     x_regs: int = 0           # v2 / v4, MXFP4: 1 feeds X to the wgmma from registers (v4: in folded slots; X_REGS)
     pdl: bool = False         # v2 / v4: programmatic dependent launch (config.mx_pdl; kernels_v2, PDL)
+    prefetch_x: bool = False  # v2 with pdl: X (constant weight rows) streamed in before the wait (PREFETCH_X)
 
     @property
     def name(self) -> str:
@@ -94,7 +95,7 @@ class MXConfig:
         sets = f"_b{self.bf16_sets}" if self.kernel == 3 and self.bf16_sets != 2 else ""
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
         regs = "_xr" if self.x_regs else ""
-        pdl = "_pdl" if self.pdl else ""
+        pdl = ("_pdlpf" if self.prefetch_x else "_pdl") if self.pdl else ""
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
                 f"{sets}{staged}{regs}{pdl}")
 
@@ -141,6 +142,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "x_regs is an MXFP4 build of kernel 2 or 4 with one warpgroup and staged scales"
     if cfg.pdl and cfg.kernel not in (2, 4):
         return "pdl is a kernel 2 or 4 build (programmatic dependent launch)"
+    if cfg.prefetch_x and (cfg.kernel != 2 or not cfg.pdl):
+        return "prefetch_x is a kernel 2 build with pdl (X streamed in before the wait for the kernel ahead)"
     if cfg.x_regs not in (0, 1):
         return "x_regs must be 0 or 1 (1: X from registers)"
     if cfg.block_m not in (64, 128):
@@ -354,6 +357,8 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
+    if cfg.kernel == 2:
+        constexprs.update(PREFETCH_X=cfg.prefetch_x)
     constexprs.update(num_warps=cfg.num_warps)
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
@@ -401,7 +406,8 @@ def compile_specs():
     """Every shipped (format, config) with the benchmark's variant (unswizzled scales, no bias,
     BF16 out, the skinny swap's column-contiguous output), plus swizzled scales, bias and FP16
     on one config per format and kernel, v2's byte-wise scale loads, every v4 build ``pick`` runs, and
-    each format's 32-token decode pick with programmatic dependent launch (``pdl``)."""
+    each format's 32-token decode pick with programmatic dependent launch (``pdl``), also streaming its
+    weight rows in before the wait (``prefetch_x``)."""
     variants = [(fmt, cfg, False, False, 0, "bf16", True, True) for fmt, cfg in shipped()]
     for fmt in FORMATS:
         cfg = v1_pick(4096, 16, 4096, fmt)
@@ -426,6 +432,9 @@ def compile_specs():
             if cfg4.kernel == 4:
                 variants.append((fmt, cfg4, False, False, 0, "bf16", True, True))
         variants.append((fmt, replace(pick(4096, 32, 4096, fmt), pdl=True), False, False, 0, "bf16", True, True))
+        decode = pick(14336, 32, 4096, fmt)
+        if decode.kernel == 2:
+            variants.append((fmt, replace(decode, pdl=True, prefetch_x=True), False, False, 0, "bf16", True, True))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))
@@ -493,13 +502,15 @@ def norm_quantize_specs():
 
     sig = {"a_ptr": "*i16", "b_ptr": "*i16", "w_ptr": "*i16", "h_ptr": "*i16", "data_ptr": "*u8",
            "scale_ptr": "*u8", "K": "i32", "EPS": "constexpr", "EMAX": "constexpr", "FP4": "constexpr",
-           "BLOCK_K": "constexpr"}
+           "BLOCK_K": "constexpr", "TRIGGER": "constexpr"}
     specs = []
     for fmt in FORMATS:
-        for k in (4096, 5120, norm_quant.MAX_K):
+        for k, trigger in ((4096, False), (5120, False), (norm_quant.MAX_K, False), (4096, True)):
             block_k = norm_quant.block_k_of(k)
-            constexprs = dict(EPS=1e-5, EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCK_K=block_k)
-            specs.append(KernelSpec(f"mx.add_rms_norm_quantize[{fmt},K={k}]", _norm_quantize_kernel, sig, constexprs,
+            constexprs = dict(EPS=1e-5, EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCK_K=block_k,
+                              TRIGGER=trigger)
+            specs.append(KernelSpec(f"mx.add_rms_norm_quantize[{fmt},K={k}{',trigger' if trigger else ''}]",
+                                    _norm_quantize_kernel, sig, constexprs,
                                     attrs={(i,): [["tt.divisibility", 16]] for i in range(7)},
                                     num_warps=norm_quant.num_warps(block_k), sass_must_contain=("LDG.E.128",)))
     return specs
@@ -512,11 +523,12 @@ def silu_quantize_specs():
     from tilefly.mx import formats, silu_quant
 
     sig = {"g_ptr": "*i16", "u_ptr": "*i16", "data_ptr": "*u8", "scale_ptr": "*u8", "N": "i32", "stride_g": "i32",
-           "stride_u": "i32", "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr"}
-    return [KernelSpec(f"mx.silu_mul_quantize[{fmt}]", _silu_quantize_kernel, sig,
-                       dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=silu_quant.CHUNK_BLOCKS),
+           "stride_u": "i32", "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr", "TRIGGER": "constexpr"}
+    return [KernelSpec(f"mx.silu_mul_quantize[{fmt}{',trigger' if trigger else ''}]", _silu_quantize_kernel, sig,
+                       dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=silu_quant.CHUNK_BLOCKS,
+                            TRIGGER=trigger),
                        attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=4,
-                       sass_must_contain=("LDG.E.128",)) for fmt in FORMATS]
+                       sass_must_contain=("LDG.E.128",)) for fmt in FORMATS for trigger in (False, True)]
 
 
 def upcast_specs():

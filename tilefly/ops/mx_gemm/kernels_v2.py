@@ -81,6 +81,12 @@ stacked along M for BLOCK_M = 128):
                     has loaded it.
     PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
                     starts with ``wait_prior_grid``: its launch overlaps the kernel ahead, its loads wait.
+                    With ``PREFETCH_X`` as well (MXConfig.prefetch_x: X holds constant weight rows,
+                    launch.py says when) the TMA copies of X's first STAGES slots go out before the
+                    wait (``issue_load_a`` arms each slot's barrier for both operands), so a decode
+                    GEMM streams weights while the kernel ahead (the activation's quantization,
+                    which lets dependents launch at its start) runs; Y's copies and the scale loads
+                    follow the wait.
     barriers        ``ready`` per ring slot only; shared-memory hazards between warps (refill
                     after the wgmma wait, unpack store before the wgmma) get CTA barriers from
                     Triton's membar analysis, fence_async_shared orders the unpack stores before
@@ -96,7 +102,7 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
-from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
+from tilefly.gluon.tma_ring import alloc_ring, issue_load, issue_load_a, issue_load_b, wait_ready
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, exponent_scale,
                                         load_program_scales, program_scale_paths, scales_moderate, slot_scale_words,
                                         stage_words, word_byte)
@@ -319,8 +325,9 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
                       STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr, PDL: gl.constexpr,
-                      num_warps: gl.constexpr):
-    if PDL:   # launched early (programmatic dependent launch): nothing read yet may predate the kernel ahead
+                      PREFETCH_X: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(PDL or not PREFETCH_X, "PREFETCH_X streams X in before the PDL wait: PDL builds only")
+    if PDL and not PREFETCH_X:   # launched early (programmatic dependent launch): nothing read may predate the kernel ahead
         wait_prior_grid()
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
@@ -332,6 +339,14 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     slot_first = split * slots_per_split
     k_slots = gl.minimum(slots_per_split, gl.cdiv(K, BLOCK_K) - slot_first)
     kb_first = slot_first * BLOCKS_PER_SLOT
+    if PREFETCH_X:
+        # X's rows are weights no kernel ahead writes: their first STAGES slots stream in while the kernel
+        # ahead finishes; Y (this step's activations) and every scale wait for it.
+        x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
+        for i in gl.static_range(STAGES):
+            issue_load_a(x_desc, y_desc, x_bufs, bars, i, off_m, (slot_first + i) * SLOT_BYTES, True, STAGES,
+                         pred=i < k_slots)
+        wait_prior_grid()
     if STAGED:
         # Issued before the ring, so these loads are not queued behind its operand bytes.
         staged_x, staged_y = load_program_scales(sx_ptr, sy_ptr, off_m, off_n, M, N, kb_first, k_slots, k_blocks,
@@ -339,7 +354,8 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                                                  Y_SWIZZLED, X_WORDS, Y_WORDS, BLOCK_M, BLOCK_N, SCALE_SLOTS,
                                                  num_warps)
 
-    x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
+    if not PREFETCH_X:
+        x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     gl.static_assert(not X_REGS or (FP4 and num_warps == 4), "X from registers: MXFP4, one warpgroup")
     if FP4 and not X_REGS:
         x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_K],
@@ -348,8 +364,11 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         y_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, BLOCK_K],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
     for i in gl.static_range(STAGES):
-        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
-                   True, True, STAGES, pred=i < k_slots)
+        if PREFETCH_X:
+            issue_load_b(y_desc, y_bufs, bars, i, off_n, (slot_first + i) * SLOT_BYTES, True, STAGES, pred=i < k_slots)
+        else:
+            issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
+                       True, True, STAGES, pred=i < k_slots)
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))

@@ -43,6 +43,7 @@ from tilefly._triton_launch import Address
 from tilefly.ops.gemm.launch import Launch, run_cached
 from tilefly.ops.mx_gemm import configs, split_tuning
 from tilefly.ops.mx_gemm.configs import MXConfig
+from tilefly.mx import weight_operand
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
 SCALE_BLOCK = 32
@@ -90,7 +91,7 @@ WORKSPACE_AT = 6        # position of the split-K partials and tickets among the
 def plan_key(p: MXProblem, a, b, scale_a, scale_b, out, bias=None, cfg: MXConfig | None = None) -> tuple:
     """The ``_plans`` key of one call: the problem, the options that shape its launch and each operand's address."""
     tensors = (a, b, scale_a, scale_b, out, bias)
-    return (cfg, p, out.device, config.mx_pdl) + tuple(
+    return (cfg, p, out.device, config.mx_pdl, weight_operand.constant()) + tuple(
         None if t is None else (t.dtype, t.data_ptr(), t.shape, t.stride()) for t in tensors)
 
 
@@ -121,13 +122,15 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
     sx, sy = scale_a.view(torch.uint8), scale_b.view(torch.uint8)
     swz_x, swz_y = p.swizzled_a, p.swizzled_b
     c, bias_mode = out, (0 if bias is None else 1)
-    if p.m < p.n:                                # the big side goes into the wgmma M slot
+    swapped = p.m < p.n
+    if swapped:                                  # the big side goes into the wgmma M slot
         x, y, sx, sy, swz_x, swz_y, c = y, x, sy, sx, swz_y, swz_x, out.t()
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
     cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
     if config.mx_pdl and cfg.kernel in (2, 4):
-        cfg = replace(cfg, pdl=True)
+        # X is B, an MXLinear weight, only when swapped and MXLinear says so (tilefly.mx.weight_operand)
+        cfg = replace(cfg, pdl=True, prefetch_x=cfg.kernel == 2 and swapped and weight_operand.constant())
     item = cfg.row_bytes(p.fmt)
     x_desc = _descriptor(x, cfg.block_m, fp4, item)
     y_desc = _descriptor(y, cfg.block_n, fp4, item)
@@ -150,6 +153,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
                       STAGES=cfg.stages)
     if cfg.kernel in (2, 4):
         constexprs.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
+    if cfg.kernel == 2:
+        constexprs.update(PREFETCH_X=cfg.prefetch_x)
     constexprs.update(num_warps=cfg.num_warps)
     if cfg.pdl:
         constexprs.update(launch_pdl=True)   # a launch option of Triton's, not a kernel parameter
