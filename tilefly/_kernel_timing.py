@@ -113,9 +113,9 @@ def _spills_too_much(autotuner: Any, launcher: Any) -> bool:
 
 
 def _queued_bench(autotuner: Any, launcher: Any, args: tuple, kwargs: dict) -> float | None:
-    """``queued_ms`` of ``launcher`` on ``args`` (None for a launch of ``LONG_MS`` or more), leaving the arguments as Inductor's bench leaves them:
-    buffers written in place untouched (the launches write clones, or copies restored from the CPU)
-    and the buffers Inductor zeroes before a launch zeroed."""
+    """``queued_ms`` of ``launcher`` on ``args`` (None for a launch of ``LONG_MS`` or more), leaving the
+    arguments as Inductor's bench leaves them: buffers written in place untouched (the launches write
+    clones, or copies restored from the CPU) and the buffers Inductor zeroes before a launch zeroed."""
     device = autotuner.get_device_interface()
     stream = device.get_raw_stream(device.current_device())
     cpu_copies = autotuner.copy_args_to_cpu_if_needed(*args, **kwargs)

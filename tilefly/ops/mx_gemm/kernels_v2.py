@@ -327,7 +327,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr, PDL: gl.constexpr,
                       PREFETCH_X: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(PDL or not PREFETCH_X, "PREFETCH_X streams X in before the PDL wait: PDL builds only")
-    if PDL and not PREFETCH_X:   # launched early (programmatic dependent launch): nothing read may predate the kernel ahead
+    if PDL and not PREFETCH_X:   # launched early (PDL): nothing read may predate the kernel ahead
         wait_prior_grid()
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
     SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
