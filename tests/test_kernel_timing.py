@@ -202,11 +202,15 @@ class ScriptedGPU:
 def test_queued_ms_doubles_the_spin_until_it_outlasts_the_host_and_takes_the_median(monkeypatch):
     # the host takes 1 ms to queue the launches (perf_counter steps 1 ms a call); the first batch's spin
     # lasted 0.5 ms (discarded), the rest 2 ms
-    gpu = ScriptedGPU(monkeypatch, [(0.5, 9.0), (2.0, 0.06), (2.0, 0.03), (2.0, 0.09)], host_ms=1.0)
+    monkeypatch.delitem(_kernel_timing._state, "spin", raising=False)
+    gpu = ScriptedGPU(monkeypatch, [(0.5, 9.0), (2.0, 0.06), (2.0, 0.03), (2.0, 0.09), (2.0, 0.03)], host_ms=1.0)
     launches = []
     assert _kernel_timing.queued_ms(lambda: launches.append(1), launches=3, batches=3) == pytest.approx(0.06 / 3)
     assert gpu.spins == [_kernel_timing.SPIN_CYCLES] + [2 * _kernel_timing.SPIN_CYCLES] * 3
     assert len(launches) == 4 * 3
+    # the next config starts from the spin that sufficed
+    assert _kernel_timing.queued_ms(lambda: launches.append(1), launches=3, batches=1) == pytest.approx(0.03 / 3)
+    assert gpu.spins[-1] == 2 * _kernel_timing.SPIN_CYCLES and len(gpu.spins) == 5
 
 
 @pytest.mark.cuda

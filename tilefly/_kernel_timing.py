@@ -18,7 +18,7 @@ For the few-µs kernels of a decode step that measures host time and copies more
 once, before the timing; a spin kernel (``torch.cuda._sleep``) holds the GPU while the host queues
 ``LAUNCHES`` launches, which then run back to back; a trial is the events' time around them over
 ``LAUNCHES``, and the median of ``BATCHES`` trials is the config's time. The spin doubles until it
-outlasts the host's queueing (each batch checks). A launch of ``LONG_MS`` or more (one launch from
+outlasts the host's queueing (each batch checks; the next config starts from the spin that sufficed). A launch of ``LONG_MS`` or more (one launch from
 an idle GPU, host time included) is long enough for Inductor's timing and keeps it, and so does a
 config Inductor would skip (too many spilled registers) or one that fails to launch: Inductor's
 timing reports it.
@@ -48,7 +48,8 @@ MAX_SPIN_CYCLES = 1 << 26
 LONG_MS = 0.2               # a launch this long outlasts its host time: Inductor's timing measures it well
 TAG = ":tilefly-queued-timing"
 
-# "original": CachingAutotuner.bench before the hook; "queued": the option as the last install() read it
+# "original": CachingAutotuner.bench before the hook; "queued": the option as the last install() read it;
+# "spin": the spin the last queued_ms ended with
 _state: dict[str, Any] = {}
 
 
@@ -76,7 +77,7 @@ def queued_ms(launch: Callable[[], Any], launches: int = LAUNCHES, batches: int 
     launches queued behind a spin kernel (see the module docstring)."""
     import torch
 
-    spin = SPIN_CYCLES
+    spin = _state.get("spin", SPIN_CYCLES)     # the last call's spin: one host, one launcher cost
     trials = []
     while len(trials) < batches:
         before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -93,6 +94,7 @@ def queued_ms(launch: Callable[[], Any], launches: int = LAUNCHES, batches: int 
             spin *= 2       # the GPU may have caught up with the host: this batch does not count
             continue
         trials.append(start.elapsed_time(end) / launches)
+    _state["spin"] = spin
     return statistics.median(trials)
 
 
