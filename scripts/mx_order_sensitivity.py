@@ -4,7 +4,7 @@ stock path within about one BF16 ulp. Hypothesis: MX models quantize every layer
 fly, so a one-ulp difference that crosses an E4M3 (or E2M1) rounding boundary becomes a whole FP8
 step, layer after layer.
 
-Two runs of the same model (CPU, BF16, the e2e's Llama-3.1-8B shapes with fewer layers), each
+Two runs of the same model (CPU, BF16, the e2e's Llama-3.1-8B or Qwen3-32B shapes with fewer layers), each
 GEMM computed as (1) torch.mm, (2) the same product with K in two halves summed in FP32 and
 rounded once: the same math, another order, like two GPU kernels. ``--perturb attention`` changes
 attention instead: SDPA computed in FP32 and rounded once (a few BF16 ulps from the BF16 result).
@@ -12,8 +12,8 @@ MX layers run MXLinear's "dequant" backend (exact BF16 operands). Same prompts, 
 run 1's tokens, so only numerics differ. Prints max |logits(2) - logits(1)| / max |logits(1)| and
 top-1 agreement per step.
 
-    python scripts/mx_order_sensitivity.py [--layers 2 4] [--steps 3] [--batch 4] [--prompt 16]
-                                           [--perturb attention]
+    python scripts/mx_order_sensitivity.py [--model qwen3-32b] [--layers 2 4] [--steps 3] [--batch 4]
+                                           [--prompt 16] [--perturb attention]
 """
 from __future__ import annotations
 
@@ -90,6 +90,8 @@ def run(model, prompts, forced, steps, order):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.1-8b", choices=("llama-3.1-8b", "qwen3-32b"),
+                        help="whose shapes the shallow model takes (its layers cut to --layers)")
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--precisions", nargs="+", default=["bf16", "mxfp8", "mxfp4"])
     parser.add_argument("--steps", type=int, default=3)
@@ -102,9 +104,9 @@ def main() -> None:
     print(f"{'precision':<9} {'layers':>6}  per step: max|d|/max|ref| (top-1 agreement)")
     for layers in args.layers:
         for precision in args.precisions:
-            shallow = dataclasses.replace(models.spec("llama-3.1-8b"), num_hidden_layers=layers)
-            with mock.patch.dict(models.MODELS, {"llama-3.1-8b": shallow}):
-                model = models.build_model("llama-3.1-8b", dtype=torch.bfloat16, device="cpu", seed=0)
+            shallow = dataclasses.replace(models.spec(args.model), num_hidden_layers=layers)
+            with mock.patch.dict(models.MODELS, {args.model: shallow}):
+                model = models.build_model(args.model, dtype=torch.bfloat16, device="cpu", seed=0)
             models.apply_precision(model, precision, backend="dequant")
             g = torch.Generator().manual_seed(1)
             prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt), generator=g)
