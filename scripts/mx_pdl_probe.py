@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
@@ -52,22 +51,12 @@ def mlp_chain(weights, fmt: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 
 
 def time_graph(run, replays: int) -> tuple[float, torch.Tensor]:
-    out = run()                                  # compile, plan and warm outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times), out.clone()
+    """``timing.graph_us`` of ``run()`` and the output of the graph's last replay."""
+    from tilefly.bench import timing
+
+    outputs = []
+    us = timing.graph_us(lambda: outputs.append(run()), replays)
+    return us, outputs[-1].clone()      # the captured call's output, which every replay rewrites
 
 
 def main() -> None:

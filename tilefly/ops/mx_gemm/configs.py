@@ -355,13 +355,21 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
     if cfg.kernel == 3:
         constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias, C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
-    if cfg.kernel in (2, 4):
-        constexprs.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
-    if cfg.kernel == 2:
-        constexprs.update(PREFETCH_X=cfg.prefetch_x)
-    constexprs.update(num_warps=cfg.num_warps)
+    constexprs.update(build_constexprs(cfg))
     sig.update({name: "constexpr" for name in constexprs})
     return sig, constexprs
+
+
+def build_constexprs(cfg: MXConfig) -> dict:
+    """The build flags of ``cfg``'s kernel and its warps: the last constexprs of every launch and compile
+    spec (launch.py and ``compile_spec`` both end their lists with these)."""
+    flags = {}
+    if cfg.kernel in (2, 4):
+        flags.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
+    if cfg.kernel == 2:
+        flags.update(PREFETCH_X=cfg.prefetch_x)
+    flags.update(num_warps=cfg.num_warps)
+    return flags
 
 
 def kernel_of(cfg: MXConfig):

@@ -151,11 +151,7 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
         constexprs.update(SETS=cfg.bf16_sets)
     constexprs.update(BIAS=bias_mode, C_ROWS_CONTIGUOUS=c.stride(0) == 1 and c.stride(1) != 1,
                       STAGES=cfg.stages)
-    if cfg.kernel in (2, 4):
-        constexprs.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
-    if cfg.kernel == 2:
-        constexprs.update(PREFETCH_X=cfg.prefetch_x)
-    constexprs.update(num_warps=cfg.num_warps)
+    constexprs.update(configs.build_constexprs(cfg))
     if cfg.pdl:
         constexprs.update(launch_pdl=True)   # a launch option of Triton's, not a kernel parameter
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
