@@ -124,21 +124,25 @@ OPTIONS: tuple[Option, ...] = (
            "(tilefly/mx/silu_fusion.py), each one tilefly kernel instead of Inductor's kernel plus tilefly's "
            "quantization kernel. On by default: it raised Llama-3.1-8B MXFP4 decoding at 32 requests "
            "from 5457 to 5782-5809 tok/s on the H200 (two runs, BENCHMARKS.md session 38)."),
-    Option("triton_autotune_timing", "TILEFLY_TRITON_AUTOTUNE_TIMING", _choice("inductor", "queued"), "inductor",
+    Option("triton_autotune_timing", "TILEFLY_TRITON_AUTOTUNE_TIMING", _choice("inductor", "queued"), "queued",
            "How Inductor times the configs of its own Triton kernels (pointwise, reductions) while tilefly is "
            "enabled. 'inductor': its way, one launch from Python between events, the clones of in-place "
            "buffers inside them, which for a few-µs decode kernel measures mostly host time; 'queued': "
            "launches queued behind a spin kernel so that they run back to back, as in a CUDA graph, and "
            "a cache tag that keeps these picks apart from stock ones (tilefly/_kernel_timing.py). Read at "
-           "enable(). 'inductor' until measured on the GPU."),
+           "enable(). 'queued' by default: it took BF16 Llama-3.1-8B decoding at 32 requests from 4756 to "
+           "5171 tok/s on the H200 (its rope + KV-cache write kernel from 11.5 to 1.4 µs a call; "
+           "BENCHMARKS.md session 39)."),
     Option("mx_pdl", "TILEFLY_MX_PDL", _bool, False,
            "Launch the MX activation quantization and the v2 / v4 MX GEMM kernels with programmatic dependent "
            "launch: each may start while the kernel ahead of it finishes, and waits for its results inside "
            "(griddepcontrol.wait). The quantizing kernels (also the fused norm and SiLU ones) let the GEMM "
            "launch at their start, and a v2 decode GEMM on an MXLinear's weight streams the weight's first "
-           "ring slots in before its wait (tilefly/mx/weight_operand.py). Experimental: the version without "
-           "the weight prefetch ran 4% slower end to end (Llama-3.1-8B MXFP8, 32 requests, H200); this one is "
-           "not yet measured."),
+           "ring slots in before its wait (tilefly/mx/weight_operand.py). Off: on the H200 neither version "
+           "paid. Without the weight prefetch Llama-3.1-8B MXFP8 at 32 requests ran 4% slower end to end; with "
+           "it MXFP4 at 32 requests ran 5665 tok/s against 5782 without PDL, and a 16-layer MXFP4 / MXFP8 MLP "
+           "chain in a CUDA graph took 1.00-1.15x its time without PDL (scripts/mx_pdl_probe.py, "
+           "BENCHMARKS.md session 39)."),
 )
 
 # Module attributes, filled by reload(); declared for readers and type checkers.
