@@ -17,30 +17,22 @@ Imported only then: it needs Inductor (seconds).
 """
 from __future__ import annotations
 
-import operator
-import threading
-
 import torch
-from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
 import tilefly.mx.quant_op  # noqa: F401 - registers tilefly::mx_quantize_rows
-from tilefly import config
+from tilefly import _graph_pass, config
 from tilefly.mx import fusion_graph, norm_fusion, siblings, silu_fusion
 
-_lock = threading.Lock()
+SLOT = "post_grad_custom_pre_pass"
 
 
-class SharedQuantization(CustomGraphPass):
+class SharedQuantization(_graph_pass.ChainedPass):
     """Keeps the first ``mx_quantize_rows`` node of each value (``_value_numbers``: views of one tensor
     to one shape, or any pure ops of equal inputs, count as one argument) and points later ones' users
     at it; packs sibling GEMMs (``pack_sibling_gemms``); then runs ``then``, the pass it displaced (if any)."""
 
-    def __init__(self, then=None):
-        self.then = then
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def run(self, graph: torch.fx.Graph) -> None:
         target = torch.ops.tilefly.mx_quantize_rows.default
         numbers = _value_numbers(graph)
         first: dict[tuple, torch.fx.Node] = {}
@@ -54,57 +46,20 @@ class SharedQuantization(CustomGraphPass):
         if config.mx_fused_quant:
             norm_fusion.fuse_norm_quantization(graph)
             silu_fusion.fuse_silu_quantization(graph)
-        if self.then is not None:
-            self.then(graph)
 
-    def uuid(self):
-        # The FX graph cache keys on this (the pass's source, so an edited pass misses the cache);
-        # a displaced pass without a key of its own keeps the graph out of the cache, as Inductor
-        # would have without tilefly.
-        fusion = (fusion_graph.__file__, norm_fusion.__file__, norm_fusion.norm_quant.__file__, silu_fusion.__file__,
-                  silu_fusion.silu_quant.__file__)
-        own = (get_hash_for_files((__file__, siblings.__file__, *fusion))
-               + (b":fused-quant" if config.mx_fused_quant else b""))
-        if self.then is None:
-            return own
-        inner = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
-        return None if inner is None else (own, inner)
+    def source_files(self) -> tuple[str, ...]:
+        return (__file__, _graph_pass.__file__, siblings.__file__, fusion_graph.__file__, norm_fusion.__file__,
+                norm_fusion.norm_quant.__file__, silu_fusion.__file__, silu_fusion.silu_quant.__file__)
 
-
-def _pure(target) -> bool:
-    """An op whose output depends only on its arguments: two calls of it on equal arguments are equal."""
-    if target is operator.getitem or target is torch.ops.tilefly.mx_quantize_rows.default:
-        return True
-    return (isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")
-            and not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags)
+    def key_suffix(self) -> bytes:
+        return b":fused-quant" if config.mx_fused_quant else b""
 
 
 def _value_numbers(graph: torch.fx.Graph) -> dict[torch.fx.Node, tuple]:
-    """A number per node, equal for nodes that compute one value from the same inputs through pure
-    ATen/prims ops or the MX quantization (views, getitem of one tuple, the 32_4_4 layout's
-    rearrangement, and on CPU the quantization's own ops): each projection derives its operands from
-    the shared activation with nodes of its own. Value numbering, one pass in graph order."""
-    numbers: dict[torch.fx.Node, tuple] = {}
-    table: dict[tuple, tuple] = {}
-
-    def canon(arg):
-        if isinstance(arg, torch.fx.Node):
-            return numbers[arg]
-        if isinstance(arg, (list, tuple)):
-            return tuple(canon(a) for a in arg)
-        if isinstance(arg, (bool, int, float)):     # 2 and 2.0, 0.0 and -0.0 differ; NaN equals NaN
-            return (type(arg).__name__, repr(arg))
-        return arg
-
-    for i, node in enumerate(graph.nodes):
-        numbers[node] = ("node", i)
-        if node.op == "call_function" and _pure(node.target):
-            try:
-                key = (node.target, canon(node.args), canon(tuple(sorted(node.kwargs.items()))))
-                numbers[node] = table.setdefault(key, ("value", len(table)))
-            except TypeError:   # an argument that does not hash: a value of its own
-                pass
-    return numbers
+    """``_graph_pass.value_numbers`` with the MX quantization pure too: each projection derives its
+    operands from the shared activation with nodes of its own (the 32_4_4 layout's rearrangement, and
+    on CPU the quantization's own ops)."""
+    return _graph_pass.value_numbers(graph, also_pure=(torch.ops.tilefly.mx_quantize_rows.default,))
 
 
 def _arguments(node: torch.fx.Node) -> dict:
@@ -166,15 +121,9 @@ def pack_sibling_gemms(graph: torch.fx.Graph, numbers: dict[torch.fx.Node, tuple
 
 def install() -> None:
     """Put ``SharedQuantization`` in the post-grad pre-pass slot, ahead of what is there; idempotent."""
-    with _lock:
-        current = inductor_config.post_grad_custom_pre_pass
-        if not isinstance(current, SharedQuantization):
-            inductor_config.post_grad_custom_pre_pass = SharedQuantization(then=current)
+    _graph_pass.install(SLOT, SharedQuantization)
 
 
 def uninstall() -> None:
     """Give the slot back what ``install`` found there, while the pass is still the one installed."""
-    with _lock:
-        current = inductor_config.post_grad_custom_pre_pass
-        if isinstance(current, SharedQuantization):
-            inductor_config.post_grad_custom_pre_pass = current.then
+    _graph_pass.uninstall(SLOT, SharedQuantization)

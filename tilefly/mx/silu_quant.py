@@ -22,7 +22,8 @@ from tilefly.mx import formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
 
-CHUNK_BLOCKS = 64          # scale blocks a program takes: 2048 elements, 16 a thread over 4 warps
+CHUNK_BLOCKS = 64          # scale blocks a program takes: 2048 elements, 16 a thread over NUM_WARPS warps
+NUM_WARPS = 4
 _launches: dict = {}       # compiled kernels, replayed through _triton_launch.launch_direct
 _kernel_failed: dict = {}  # device index -> why the kernel could not run there (the ops serve instead)
 
@@ -85,7 +86,7 @@ def silu_mul_quantize_kernel(gate, up, spec: ElementFormat, out=None):
                                      (g.view(torch.int16), u.view(torch.int16), data, scale_bits),
                                      (n, g.stride(0), u.stride(0)),
                                      dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=CHUNK_BLOCKS,
-                                          TRIGGER=bool(config.mx_pdl and g.is_cuda)), num_warps=4)
+                                          TRIGGER=bool(config.mx_pdl and g.is_cuda)), num_warps=NUM_WARPS)
     return data, scale_bits
 
 

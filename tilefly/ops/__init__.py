@@ -31,7 +31,8 @@ FAMILIES: dict[str, Family] = {
         Family("topk", "tilefly.ops.topk", "eager", "torch.topk and its out= form"),
         Family("attention", "tilefly.ops.attention", "eager",
                "F.scaled_dot_product_attention, FP16/BF16: each fused backend op (cuDNN, flash, efficient; "
-               "forward and backward) served by what the tuning database picks"),
+               "forward and backward) served by what the tuning database picks",
+               graph_pass="tilefly.ops.attention.mask_pass"),
         Family("gemm", "tilefly.ops.gemm", "inductor",
                "torch.mm / @ / addmm under torch.compile(mode='max-autotune'), backend TILEFLY"),
         Family("grouped_gemm", "tilefly.ops.grouped_gemm", "inductor",

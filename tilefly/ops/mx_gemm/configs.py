@@ -535,7 +535,7 @@ def silu_quantize_specs():
     return [KernelSpec(f"mx.silu_mul_quantize[{fmt}{',trigger' if trigger else ''}]", _silu_quantize_kernel, sig,
                        dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=silu_quant.CHUNK_BLOCKS,
                             TRIGGER=trigger),
-                       attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=4,
+                       attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=silu_quant.NUM_WARPS,
                        sass_must_contain=("LDG.E.128",)) for fmt in FORMATS for trigger in (False, True)]
 
 
