@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tilefly
 from tilefly.ops.attention.mask_pass import SharedAttentionMask, share_attention_masks
@@ -17,21 +18,30 @@ SDPA_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
 
 
-def _additive(graph, mask, fill=float("-inf")):
-    """where(mask, 0, fill) as SDPA's decomposition traces it: two scalar constants of its own."""
+def _additive(graph, mask, fill, val):
+    """where(mask, 0, fill) as SDPA's decomposition traces it: two scalar constants of its own; ``val``:
+    the fake value Inductor's graphs carry in each node's meta."""
     zero = graph.call_function(torch.ops.aten.full.default, ([], 0.0), {"dtype": torch.bfloat16})
     low = graph.call_function(torch.ops.aten.full.default, ([], fill), {"dtype": torch.bfloat16})
-    return graph.call_function(torch.ops.aten.where.self, (mask, zero, low))
+    where = graph.call_function(torch.ops.aten.where.self, (mask, zero, low))
+    where.meta["val"] = val
+    return where
 
 
-def _graph(fills):
+def _mask_value(device="cpu", keys=12):
+    with FakeTensorMode():
+        return torch.empty(2, 1, 1, keys, dtype=torch.bfloat16, device=device)
+
+
+def _graph(fills, val=None):
     """One attention call per fill value, each on its own conversion of one boolean mask: kwarg
     ``attn_mask`` (the CPU op) and positional ``attn_bias`` (the efficient op) alternating."""
+    val = _mask_value() if val is None else val
     graph = torch.fx.Graph()
     q, k, v, mask = (graph.placeholder(n) for n in ("q", "k", "v", "mask"))
     outs, calls = [], []
     for i, fill in enumerate(fills):
-        bias = _additive(graph, mask, fill)
+        bias = _additive(graph, mask, fill, val)
         if i % 2 == 0:
             call = graph.call_function(SDPA_CPU, (q, k, v), {"attn_mask": bias})
         else:
@@ -59,6 +69,15 @@ def test_equal_masks_become_one_and_the_copies_are_erased():
     assert len(masks) == 1
     assert _count(graph, torch.ops.aten.where.self) == 1
     assert _count(graph, torch.ops.aten.full.default) == 2     # the kept conversion's two constants
+    assert next(iter(masks)).meta["inductor_realize_to_strides"]
+
+
+def test_cuda_masks_with_unaligned_rows_stay_apart():
+    """Inductor pads such a mask for each CUDA attention op anyway: sharing would only add a kernel."""
+    graph, calls = _graph([float("-inf")] * 2, _mask_value("cuda", keys=12))     # 24-byte rows
+    assert share_attention_masks(graph) == 0 and len({_mask_of(c) for c in calls}) == 2
+    graph, calls = _graph([float("-inf")] * 2, _mask_value("cuda", keys=768))
+    assert share_attention_masks(graph) == 1 and len({_mask_of(c) for c in calls}) == 1
 
 
 def test_unequal_masks_stay_apart():

@@ -9,8 +9,9 @@ the CUDA graph; BENCHMARKS.md session 39).
 
 ``share_attention_masks`` value-numbers the graph (``tilefly._graph_pass.value_numbers``) and points
 the mask argument (``attn_mask`` / ``attn_bias``) of every ATen scaled-dot-product op at the first node
-computing the same value, then erases the conversions nothing uses any more. The values the attention
-ops read do not change, only how many times they are computed.
+computing the same value, has Inductor realize that node once (``inductor_realize_to_strides``), then
+erases the conversions nothing uses any more. The values the attention ops read do not change, only how
+many times they are computed. CUDA masks whose rows are not 16-byte aligned are left alone (``_shareable``).
 
 ``tilefly.enable()`` puts ``SharedAttentionMask`` in ``torch._inductor.config.post_grad_custom_post_pass``
 with the ``attention`` family, chaining the pass it finds there (the MX pass takes the pre-pass slot);
@@ -34,6 +35,19 @@ def _mask_positions(target) -> tuple[tuple[int, str], ...]:
     return tuple((i, a.name) for i, a in enumerate(target._schema.arguments) if a.name in MASK_ARGUMENTS)
 
 
+def _shareable(mask: torch.fx.Node) -> bool:
+    """Whether one realized copy of this mask can serve every attention op as it is. On CUDA Inductor copies
+    an attention mask whose rows are not 16-byte aligned into a padded buffer for each op anyway, so
+    sharing one would add its computation to those copies."""
+    val = mask.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    if val.device.type != "cuda":
+        return True
+    keys = val.shape[-1] if val.dim() else 1
+    return isinstance(keys, int) and keys * val.element_size() % 16 == 0
+
+
 def share_attention_masks(graph: torch.fx.Graph) -> int:
     """Make equal attention masks one node (module docstring); returns how many mask arguments moved."""
     numbers = _graph_pass.value_numbers(graph)
@@ -44,7 +58,7 @@ def share_attention_masks(graph: torch.fx.Graph) -> int:
             continue
         for position, name in _mask_positions(node.target):
             mask = node.args[position] if position < len(node.args) else node.kwargs.get(name)
-            if not isinstance(mask, torch.fx.Node):
+            if not isinstance(mask, torch.fx.Node) or not _shareable(mask):
                 continue
             kept = first.setdefault(numbers[mask], mask)   # an earlier attention op's argument: defined earlier
             if kept is not mask:
