@@ -1,10 +1,9 @@
 """tilefly::mx_quantize_rows and the SharedQuantization pass on CPU: the op's results and fake
-shapes, one call per activation in Inductor's output once tilefly.enable() installed the pass,
-and the pass slot given back (with any pass it displaced) by tilefly.disable()."""
+shapes, one call per activation in Inductor's output once tilefly.enable() installed the pass, and
+the pass slot given back by tilefly.disable() (chaining with a displaced pass: tests/test_graph_pass.py)."""
 import pytest
 import torch
 from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 
 import tilefly
@@ -95,40 +94,6 @@ def test_pass_leaves_calls_with_unhashable_arguments_alone():
     graph.output(tuple(calls))
     SharedQuantization()(graph)
     assert sum(n.target is target for n in graph.nodes) == 2
-
-
-class _UserPass(CustomGraphPass):
-    def __init__(self, key="user-1"):
-        self.key, self.calls = key, 0
-
-    def __call__(self, graph):
-        self.calls += 1
-
-    def uuid(self):
-        return self.key
-
-
-def test_enable_chains_a_users_pass_and_disable_restores_it(monkeypatch):
-    user = _UserPass()
-    monkeypatch.setattr(inductor_config, "post_grad_custom_pre_pass", user)
-    tilefly.enable("mx_gemm")
-    tilefly.enable("mx_gemm")                   # idempotent: not wrapped twice
-    installed = inductor_config.post_grad_custom_pre_pass
-    assert isinstance(installed, SharedQuantization) and installed.then is user
-    installed(torch.fx.symbolic_trace(lambda x: x + 1).graph)
-    assert user.calls == 1
-    assert installed.uuid() == (SharedQuantization().uuid(), "user-1")
-    tilefly.disable("rms_norm")                 # another family: the pass stays
-    assert inductor_config.post_grad_custom_pre_pass is installed
-    tilefly.disable()
-    assert inductor_config.post_grad_custom_pre_pass is user
-
-
-def test_uuid_is_none_when_the_displaced_pass_has_no_key():
-    # A plain function in the slot keeps graphs out of Inductor's FX graph cache; wrapping it must too.
-    assert SharedQuantization(then=lambda graph: None).uuid() is None
-    assert SharedQuantization(then=_UserPass(key=None)).uuid() is None
-    assert isinstance(SharedQuantization().uuid(), bytes)   # a hash of the pass's source
 
 
 def test_mxlinear_on_cpu_compiles_the_pytorch_ops():

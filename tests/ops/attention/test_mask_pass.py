@@ -1,13 +1,12 @@
 """The SharedAttentionMask pass on CPU: equal attention masks become one node (in a hand-built graph and
 in Inductor's output for two attention calls on one boolean mask), unequal ones stay apart, results
-stay ATen's, and tilefly.disable() gives the slot back with any pass it displaced."""
+stay ATen's. Its slot and chaining: tests/test_graph_pass.py."""
 import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -139,31 +138,3 @@ def test_cuda_compiled_attention_converts_the_mask_once_and_matches_eager():
     # the only BF16 buffers the graph allocates with 768 keys last are masks (without the pass: one a call)
     masks = re.findall(r"(buf\d+) = empty_strided_cuda\(\([^)]*768\), \([^)]*\), torch\.bfloat16\)", code)
     assert len(masks) == 1, masks
-
-
-class _UserPass(CustomGraphPass):
-    def __init__(self, key="user-1"):
-        self.key, self.calls = key, 0
-
-    def __call__(self, graph):
-        self.calls += 1
-
-    def uuid(self):
-        return self.key
-
-
-def test_enable_chains_a_users_pass_and_disable_restores_it(monkeypatch):
-    user = _UserPass()
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", user)
-    tilefly.enable("attention")
-    tilefly.enable("attention")                 # idempotent: not wrapped twice
-    try:
-        installed = inductor_config.post_grad_custom_post_pass
-        assert isinstance(installed, SharedAttentionMask) and installed.then is user
-        installed(torch.fx.symbolic_trace(lambda x: x + 1).graph)
-        assert user.calls == 1
-        assert installed.uuid() == (SharedAttentionMask().uuid(), "user-1")
-        assert SharedAttentionMask(then=_UserPass(key=None)).uuid() is None
-    finally:
-        tilefly.disable("attention")
-    assert inductor_config.post_grad_custom_post_pass is user

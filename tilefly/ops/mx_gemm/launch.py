@@ -91,7 +91,8 @@ WORKSPACE_AT = 6        # position of the split-K partials and tickets among the
 def plan_key(p: MXProblem, a, b, scale_a, scale_b, out, bias=None, cfg: MXConfig | None = None) -> tuple:
     """The ``_plans`` key of one call: the problem, the options that shape its launch and each operand's address."""
     tensors = (a, b, scale_a, scale_b, out, bias)
-    return (cfg, p, out.device, config.mx_pdl, weight_operand.constant()) + tuple(
+    # MXLinear's weight word matters only to PDL launches (prefetch_x): not read on the default path
+    return (cfg, p, out.device, config.mx_pdl, config.mx_pdl and weight_operand.constant()) + tuple(
         None if t is None else (t.dtype, t.data_ptr(), t.shape, t.stride()) for t in tensors)
 
 
