@@ -49,11 +49,14 @@ def test_shipped_h200_entries_name_todays_picks_and_plannable_counts():
         assert e["us"] == min(e["timed"].values())
 
 
-def test_build_name_leaves_out_the_split_limit_and_pdl():
+def test_build_name_leaves_out_the_split_limit_pdl_and_the_y_fold():
     from dataclasses import replace
 
     cfg = configs.pick(6144, 32, 4096, "mxfp4")
-    assert split_tuning.build_name(replace(cfg, max_splits=32, pdl=True)) == split_tuning.build_name(cfg) == cfg.name
+    assert cfg.fold_y
+    unfolded = replace(cfg, fold_y=0)
+    assert split_tuning.build_name(replace(cfg, max_splits=32, pdl=True)) == split_tuning.build_name(cfg) == unfolded.name
+    assert split_tuning.build_name(unfolded) == unfolded.name
 
 
 def _db(tmp_path, entries):
@@ -104,7 +107,7 @@ def test_the_launcher_takes_the_databases_count_over_its_model(monkeypatch, fmt)
 
     monkeypatch.setattr(split_tuning, "splits_for", measured)
     tuned = launch._prepare(p, a, b, sa, sb, out, None, None)
-    assert asked == [(fmt, model.cfg.name, 6144, 32, 4096)]
+    assert asked == [(fmt, split_tuning.build_name(model.cfg), 6144, 32, 4096)]
     assert model.grid[1] == 2 and tuned.grid[1] == 3    # 32 K-steps: 3 splits of 11
     assert tuned.args[-1] == 11
 

@@ -23,6 +23,7 @@ def _v2(m, n, k, fmt):
     staged += [replace(built[0], scale_slots=8)] + [replace(c, scale_slots=16) for c in built if c.stages > 4]
     staged = [c for c in staged if configs.static_reason(c, fmt) is None]
     regs = [replace(c, x_regs=1) for c in staged]        # MXFP4: X from registers (X_REGS), every staged tile
+    regs += [replace(c, fold_y=1) for c in regs]          # and Y's scales folded into its unpack (FOLD_Y)
     return built + staged + [c for c in regs if configs.static_reason(c, fmt) is None]
 
 
@@ -37,8 +38,11 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
     assert v2 == configs.v2_configs(rows, cols, 4096, fmt) and len(v2) == 2
     staged = [c for c in offered if c.kernel == 2 and c.scale_slots and not c.x_regs]
     assert staged == (configs.v2_staged_configs(rows, cols, 4096, fmt) if cols <= 64 else [])
-    regs = [c for c in offered if c.kernel == 2 and c.x_regs]
+    regs = [c for c in offered if c.kernel == 2 and c.x_regs and not c.fold_y]
     assert regs == configs.v2_regs_configs(rows, cols, 4096, fmt)
+    folds = [c for c in offered if c.fold_y]
+    assert folds == configs.v2_fold_configs(rows, cols, 4096, fmt)
+    assert bool(folds) == (fmt == "mxfp4" and 16 < cols <= 64)
     assert bool(regs) == (fmt == "mxfp4" and cols <= 64) and all(c.num_warps == 4 for c in regs)
     assert all(c.name.endswith("_ss16") for c in staged) and len(staged) == (2 if cols <= 64 else 0)
     v2 += staged
@@ -77,15 +81,31 @@ def test_v2_x_regs_builds_are_mxfp4_staged_one_warpgroup_and_picked_up_to_32_tok
     for bad, fmt in ((cfg, "mxfp8"), (replace(cfg, num_warps=8, block_n=64), "mxfp4"),
                      (replace(cfg, scale_slots=0), "mxfp4")):
         assert configs.static_reason(bad, fmt).startswith("x_regs"), bad
-    for cols in (1, 8, 16, 32, 33, 64):   # the eager path's MXFP4 build up to V4_MIN_COLS tokens
+    for cols in (1, 8, 16, 17, 32, 33, 64):   # the eager path's MXFP4 build up to V4_MIN_COLS tokens
         picked = configs.pick(4096, cols, 4096, "mxfp4")
-        assert (picked in configs.v2_regs_configs(4096, cols, 4096, "mxfp4")) == (cols <= configs.V4_MIN_COLS)
+        unfolded = replace(picked, fold_y=0)
+        assert (unfolded in configs.v2_regs_configs(4096, cols, 4096, "mxfp4")) == (cols <= configs.V4_MIN_COLS)
+        assert picked.fold_y == (16 < cols <= configs.V4_MIN_COLS)    # 32-wide tiles fold Y's scales
+
+
+def test_fold_y_builds_are_mxfp4_staged_and_at_least_32_tokens_wide():
+    built = configs.v2_fold_configs(4096, 32, 4096, "mxfp4")
+    assert [c.name for c in built] == ["mx2_128x32_s4_w4_k16_ss16_xr_fy", "mx2_64x32_s4_w4_k16_ss16_xr_fy"]
+    assert [replace(c, fold_y=0) for c in built] == configs.v2_regs_configs(4096, 32, 4096, "mxfp4")
+    assert not configs.v2_fold_configs(4096, 16, 4096, "mxfp4") and not configs.v2_fold_configs(4096, 32, 4096, "mxfp8")
+    assert built[0].smem_bytes("mxfp4") == replace(built[0], fold_y=0).smem_bytes("mxfp4")
+    assert configs.build_constexprs(built[0])["FOLD_Y"] == 1
+    cfg = built[0]
+    for bad, fmt in ((cfg, "mxfp8"), (replace(cfg, block_n=16), "mxfp4"), (replace(cfg, scale_slots=0, x_regs=0), "mxfp4"),
+                     (replace(cfg, kernel=4), "mxfp4")):
+        assert configs.static_reason(bad, fmt).startswith("fold_y"), bad
+    assert configs.static_reason(replace(cfg, fold_y=2), "mxfp4").startswith("fold_y must be 0 or 1")
 
 
 def test_compile_specs_cover_every_v2_x_regs_build():
     names = [s.name for s in configs.compile_specs()]
     for cols in (1, 8, 9, 16, 32, 64):
-        for cfg in configs.v2_regs_configs(4096, cols, 4096, "mxfp4"):
+        for cfg in configs.v2_regs_configs(4096, cols, 4096, "mxfp4") + configs.v2_fold_configs(4096, cols, 4096, "mxfp4"):
             assert f"mx_gemm.{cfg.name}[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]" in names, cfg.name
             assert f"mx_gemm.{cfg.name}[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]" in names, cfg.name
 
@@ -241,7 +261,9 @@ COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words
             "mx_gemm.mx2_128x32_s4_w4_k16_ss16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words=1]",
             "mx_gemm.mx2_128x16_s4_w4_k16_ss16[mxfp4,swz=01,bias=2,bf16,rowsC=1,words=0]",
             "mx_gemm.mx2_128x8_s4_w4_k16_ss16_xr[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]",
-            "mx_gemm.mx2_128x32_s4_w4_k16_ss16_xr[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]")
+            "mx_gemm.mx2_128x32_s4_w4_k16_ss16_xr[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]",
+            "mx_gemm.mx2_128x32_s4_w4_k16_ss16_xr_fy[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]",
+            "mx_gemm.mx2_64x32_s4_w4_k16_ss16_xr_fy[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]")
 
 
 @pytest.mark.parametrize("name", COMPILED)
@@ -402,6 +424,59 @@ def test_staged_scales_with_only_the_token_side_extreme(fmt, swizzled):
         torch.testing.assert_close(out.double() / row_max, ref / row_max, rtol=2.0 ** -12, atol=2.0 ** -12)
 
 
+def _fold_pairs(m, n, k):
+    """(FOLD_Y build, the same build without it) for each 32-wide X_REGS tile."""
+    return [(c, replace(c, fold_y=0)) for c in configs.v2_fold_configs(max(m, n), min(m, n), k, "mxfp4")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("spread", [0, 3, 5, 6, 9, 14])
+def test_fold_y_gives_the_unfolded_builds_bits(swizzled, spread):
+    """Token scales drawn within ``spread`` octaves per row: up to FOLD_SPAN the programs fold Y's scales
+    into its unpack, beyond it they take the per-block path. Either way every FP32 output bit is the
+    unfolded build's (power-of-two rescalings of normal FP32 values commute with rounding), and both
+    match the float64 reference."""
+    m, n, k = 32, 2048, 2048
+    g = torch.Generator(device="cuda").manual_seed(53 + spread)
+    a, b_nk = raw_data("mxfp4", m, k, g), raw_data("mxfp4", n, k, g)
+    bits_a = torch.randint(100, 101 + spread, (m, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    bits_b = torch.randint(118, 136, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    b, sa, sb, ref = with_scales("mxfp4", swizzled, a, b_nk, bits_a, bits_b)
+    for folding, plain in _fold_pairs(m, n, k):
+        outs = []
+        for cfg in (folding, plain):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+            outs.append(run_config(a, b, sa, sb, swizzled, cfg, out))
+        close(outs[0], ref, 2.0 ** -13)
+        assert torch.equal(outs[0], outs[1]), folding.name
+
+
+@pytest.mark.cuda
+def test_fold_y_rounds_a_subnormal_product_once():
+    """Products near 2^-140 (weight scales near 2^-100, token scales near 2^-48, both within the plain
+    range): the unfolded build rounds the accumulator to FP32's subnormal grid at every K-block, the
+    folding one keeps it normal (2^(127 - top) times the true value) and rounds once at the end, so it
+    lands within half a subnormal step of the float64 reference (plus its FP32 accumulation, 2^-5 of that
+    step below outputs of 2^-136) where the unfolded one drifts by several. This is the one place the two
+    differ, and it shows that the folded path ran."""
+    m, n, k = 32, 1024, 2048
+    g = torch.Generator(device="cuda").manual_seed(59)
+    a, b_nk = raw_data("mxfp4", m, k, g), raw_data("mxfp4", n, k, g)
+    bits_a = torch.randint(78, 81, (m, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    bits_b = torch.randint(27, 30, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    b, sa, sb, ref = with_scales("mxfp4", False, a, b_nk, bits_a, bits_b)
+    assert 0 < ref.abs().max() < 2.0 ** -135     # every output is an FP32 subnormal
+    step = 2.0 ** -149
+    for folding, plain in _fold_pairs(m, n, k):
+        errors = []
+        for cfg in (folding, plain):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+            errors.append((run_config(a, b, sa, sb, False, cfg, out).double() - ref).abs().max().item())
+        assert errors[0] <= step / 2 * 1.1, (folding.name, errors)
+        assert errors[1] > step, (plain.name, errors)
+
+
 # ---- the FP4 unpack's PRMT program, transcribed to Python ----------------------------------------
 
 def _prmt(a, b, c):
@@ -416,7 +491,7 @@ def _prmt(a, b, c):
 
 
 def _unpack_asm(word, lut0, lut1):
-    """kernels_v2._UNPACK_ASM, instruction by instruction, on one 32-bit register."""
+    """fp4_unpack._UNPACK_ASM, instruction by instruction, on one 32-bit register."""
     results = []
     for code, sign in (((word & 0x07070707), (word << 4) & 0x80808080),
                        (((word >> 4) & 0x07070707), word & 0x80808080)):
@@ -427,7 +502,7 @@ def _unpack_asm(word, lut0, lut1):
 
 
 def _unpack_shifted_asm(word):
-    """kernels_v2._UNPACK_SHIFTED_ASM, instruction by instruction, on one 32-bit register."""
+    """fp4_unpack._UNPACK_SHIFTED_ASM, instruction by instruction, on one 32-bit register."""
     m = 0xFFFFFFFF
     lo = (((word << 2) & m) & 0x1C1C1C1C) | (((word << 4) & m) & 0x80808080)
     hi = ((word >> 2) & 0x1C1C1C1C) | (word & 0x80808080)
@@ -443,9 +518,9 @@ def _check_shifted_asm_text(asm):
 
 
 def test_shifted_fp4_unpack_gives_the_e4m3_of_each_nibble_times_2_to_the_minus_6():
-    kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
-    _check_shifted_asm_text(kernels_v2._UNPACK_SHIFTED_ASM.value)
-    assert kernels_v2.SHIFTED_PRODUCT_EXP.value == 12
+    fp4_unpack = pytest.importorskip("tilefly.ops.mx_gemm.fp4_unpack")
+    _check_shifted_asm_text(fp4_unpack._UNPACK_SHIFTED_ASM.value)
+    assert fp4_unpack.SHIFTED_PRODUCT_EXP.value == 12 and fp4_unpack.FOLDED_PRODUCT_EXP.value == 6
     want = torch.tensor(mx.FP4_VALUES + tuple(-v for v in mx.FP4_VALUES)) * 2.0 ** -6    # E2M1 codes 0..15
     g = torch.Generator().manual_seed(5)
     words = [int(w) for w in torch.randint(0, 2 ** 32, (64,), generator=g, dtype=torch.int64)]
@@ -463,26 +538,26 @@ def test_shifted_fp4_unpack_gives_the_e4m3_of_each_nibble_times_2_to_the_minus_6
 
 @pytest.mark.parametrize("num_warps", [4, 8])
 def test_the_unpack_spreads_a_short_tile_over_the_cta_instead_of_replicating_it(num_warps):
-    kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
+    fp4_unpack = pytest.importorskip("tilefly.ops.mx_gemm.fp4_unpack")
     for rows in (8, 16, 32, 64, 128):
-        layout = kernels_v2.packed_layout(num_warps, rows)
+        layout = fp4_unpack.packed_layout(num_warps, rows)
         per_thread = layout.size_per_thread[1]
         assert per_thread in (4, 8, 16) and per_thread * layout.threads_per_warp[1] == 64
         covered = layout.threads_per_warp[0] * layout.warps_per_cta[0]
         # no replication unless a thread is already down to one 32-bit word
         assert covered <= rows or per_thread == 4, (rows, layout)
         assert per_thread == 16 or covered == rows or per_thread == 4
-    assert kernels_v2.packed_layout(num_warps).size_per_thread == [1, 16]
+    assert fp4_unpack.packed_layout(num_warps).size_per_thread == [1, 16]
 
 
 def test_prmt_fp4_unpack_gives_the_e4m3_of_each_nibble():
-    kernels_v2 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v2")
+    fp4_unpack = pytest.importorskip("tilefly.ops.mx_gemm.fp4_unpack")
     want = torch.tensor(mx.FP4_VALUES + tuple(-v for v in mx.FP4_VALUES))       # E2M1 codes 0..15
     g = torch.Generator().manual_seed(3)
     words = [int(w) for w in torch.randint(0, 2 ** 32, (64,), generator=g, dtype=torch.int64)]
     words += [0x76543210, 0xFEDCBA98, 0x01234567, 0x89ABCDEF]                       # every code
     for word in words:
-        lo, hi = _unpack_asm(word, kernels_v2.E4M3_OF_E2M1_LO, kernels_v2.E4M3_OF_E2M1_HI)
+        lo, hi = _unpack_asm(word, fp4_unpack.E4M3_OF_E2M1_LO, fp4_unpack.E4M3_OF_E2M1_HI)
         packed = torch.tensor([(word >> (8 * i)) & 0xFF for i in range(4)])
         got_lo = torch.tensor([(lo >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8)
         got_hi = torch.tensor([(hi >> (8 * i)) & 0xFF for i in range(4)], dtype=torch.uint8)

@@ -100,14 +100,14 @@ def _e4m3(byte):
 
 @pytest.mark.parametrize("d", range(0, 7))
 def test_folded_tables_give_each_magnitude_times_two_to_minus_d(d):
-    """kernels_v4.folded_tables: v2's table words with every nonzero byte's exponent field lowered by d;
+    """fp4_unpack.tables_below (v4's folded_tables): v2's table words with every nonzero byte's exponent field lowered by d;
     exact for d <= FOLD_SPAN, and d = FOLD_SPAN + 1 is where the smallest magnitude leaves E4M3's
     normal range (why slots beyond the span take the per-block path)."""
-    kernels_v4 = pytest.importorskip("tilefly.ops.mx_gemm.kernels_v4")
-    span = kernels_v4.FOLD_SPAN.value
+    fp4_unpack = pytest.importorskip("tilefly.ops.mx_gemm.fp4_unpack")
+    span = fp4_unpack.FOLD_SPAN.value
     shift = 8 * d
-    lo = (kernels_v4.TABLE_LO.value - shift * 0x01010100) & 0xFFFFFFFF
-    hi = (kernels_v4.TABLE_HI.value - shift * 0x01010101) & 0xFFFFFFFF
+    lo = (fp4_unpack.TABLE_LO.value - shift * 0x01010100) & 0xFFFFFFFF
+    hi = (fp4_unpack.TABLE_HI.value - shift * 0x01010101) & 0xFFFFFFFF
     table = [(lo >> (8 * i)) & 255 for i in range(4)] + [(hi >> (8 * i)) & 255 for i in range(4)]
     got = [_e4m3(b) for b in table]
     want = [v * 2.0 ** -d for v in mx.FP4_VALUES[:8]]

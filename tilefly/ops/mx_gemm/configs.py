@@ -88,6 +88,7 @@ class MXConfig:
     x_regs: int = 0           # v2 / v4, MXFP4: 1 feeds X to the wgmma from registers (v4: in folded slots; X_REGS)
     pdl: bool = False         # v2 / v4: programmatic dependent launch (config.mx_pdl; kernels_v2, PDL)
     prefetch_x: bool = False  # v2 with pdl: X (constant weight rows) streamed in before the wait (PREFETCH_X)
+    fold_y: int = 0           # v2, MXFP4, staged: 1 folds Y's block scales into its unpacked values (FOLD_Y)
 
     @property
     def name(self) -> str:
@@ -96,8 +97,9 @@ class MXConfig:
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
         regs = "_xr" if self.x_regs else ""
         pdl = ("_pdlpf" if self.prefetch_x else "_pdl") if self.pdl else ""
+        fold = "_fy" if self.fold_y else ""
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
-                f"{sets}{staged}{regs}{pdl}")
+                f"{sets}{staged}{regs}{fold}{pdl}")
 
     @property
     def block_k(self) -> int:
@@ -136,6 +138,12 @@ class MXConfig:
 def static_reason(cfg: MXConfig, fmt: str) -> str | None:
     if cfg.kernel not in (1, 2, 3, 4):
         return "kernel must be 1, 2, 3 or 4"
+    if cfg.fold_y not in (0, 1):
+        return "fold_y must be 0 or 1 (1: Y's scales folded into its unpack)"
+    if cfg.fold_y and (cfg.kernel != 2 or fmt != "mxfp4" or not cfg.scale_slots
+                       or cfg.block_n < 8 * cfg.num_warps):
+        return ("fold_y is an MXFP4 build of kernel 2 with staged scales and at least 8 Y rows a warp "
+                "(one K-block of one row a thread in Y's unpack)")
     if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
     if cfg.x_regs and (cfg.kernel not in (2, 4) or fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
@@ -225,6 +233,13 @@ def v2_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     return [c for c in out if static_reason(c, fmt) is None]
 
 
+def v2_fold_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """``v2_regs_configs`` that also fold Y's block scales into its unpacked values (kernels_v2, FOLD_Y):
+    tiles of at least 32 tokens over one warpgroup. ``pick`` runs them at 32 tokens."""
+    out = [replace(c, fold_y=1) for c in v2_regs_configs(rows, cols, k, fmt)]
+    return [c for c in out if static_reason(c, fmt) is None]
+
+
 def v4_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """v4 builds (kernels_v4: MXFP4 scales folded into the unpacked operands) at <= 64 columns: the
     staged v2 builds' tiles with one unpacked buffer. Offered at any decode width; ``pick`` runs them
@@ -306,6 +321,8 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
         if fmt == "mxfp4":
             faster = replace(chosen, kernel=4) if cols > V4_MIN_COLS else chosen
             faster = replace(faster, x_regs=1)
+            if static_reason(replace(faster, fold_y=1), fmt) is None:
+                faster = replace(faster, fold_y=1)
             if static_reason(faster, fmt) is None:
                 return faster
         return chosen
@@ -322,7 +339,8 @@ def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     first = v1_pick(rows, cols, k, fmt)
     alt = MXConfig(64, first.block_n, _stages(64, first.block_n, fmt), 4)
     return [c for c in (first, alt, *v2_configs(rows, cols, k, fmt), *v2_staged_configs(rows, cols, k, fmt),
-                        *v2_regs_configs(rows, cols, k, fmt), *v3_configs(rows, cols, k, fmt),
+                        *v2_regs_configs(rows, cols, k, fmt), *v2_fold_configs(rows, cols, k, fmt),
+                        *v3_configs(rows, cols, k, fmt),
                         *v4_configs(rows, cols, k, fmt),
                         *v4_regs_configs(rows, cols, k, fmt))
             if static_reason(c, fmt) is None]
@@ -367,7 +385,7 @@ def build_constexprs(cfg: MXConfig) -> dict:
     if cfg.kernel in (2, 4):
         flags.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
     if cfg.kernel == 2:
-        flags.update(PREFETCH_X=cfg.prefetch_x)
+        flags.update(PREFETCH_X=cfg.prefetch_x, FOLD_Y=cfg.fold_y)
     flags.update(num_warps=cfg.num_warps)
     return flags
 
@@ -430,7 +448,7 @@ def compile_specs():
         for cfg4 in v4_configs(4096, 32, 4096, fmt) + v4_regs_configs(4096, 32, 4096, fmt):
             variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))   # shipped() has the plain build
         for shape in ((4096, 8, 4096), (4096, 16, 4096), (4096, 32, 4096), (4096, 64, 4096)):
-            for cfg2r in v2_regs_configs(*shape, fmt):     # every tile X_REGS is offered on
+            for cfg2r in v2_regs_configs(*shape, fmt) + v2_fold_configs(*shape, fmt):  # every X_REGS and FOLD_Y tile
                 for variant in ((fmt, cfg2r, False, False, 0, "bf16", True, True),
                                 (fmt, cfg2r, True, True, 1, "fp16", False, False)):
                     if variant not in variants:

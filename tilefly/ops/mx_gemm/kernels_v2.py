@@ -79,6 +79,16 @@ stacked along M for BLOCK_M = 128):
                     from registers (``slot_blocks_0_to_2``). Only Y's tiles stay double-buffered in
                     shared memory; a CTA barrier before each refill keeps the ring slot until every warp
                     has loaded it.
+    FOLD_Y          (MXFP4, staged scales; ``configs.v2_fold_configs``, what ``pick`` runs at 17-32 tokens) a
+                    program whose scales are ``plain`` and whose every Y row spans at most 2^FOLD_SPAN over its
+                    K-range unpacks Y through per-(row, K-block) tables that fold the block's scale in, relative
+                    to the row's largest (fp4_unpack.unpack_fp4_slot_below: exact E4M3 normals), so a block's
+                    partial needs the row factor alone, one FMA an element instead of an FMUL and an FMA (at 32
+                    tokens the per-block scaling was 39 % of the loop's instructions, BENCHMARKS.md session 39);
+                    the epilogue multiplies each column by 2^(top - 127) once. Both rescalings are powers of two
+                    on normal FP32 values, so the output bits are the unfolded build's; only outputs in FP32's
+                    subnormal range can differ (the folded accumulator rounds once, not per block). Other
+                    programs take the unfolded path.
     PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
                     starts with ``wait_prior_grid``: its launch overlaps the kernel ahead, its loads wait.
                     With ``PREFETCH_X`` as well (MXConfig.prefetch_x: X holds constant weight rows,
@@ -103,103 +113,14 @@ from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, issue_load_a, issue_load_b, wait_ready
+from tilefly.ops.mx_gemm.fp4_unpack import (_UNPACK_SHIFTED_ASM, BLOCK_K, FOLD_SPAN, FOLDED_PRODUCT_EXP,
+                                            SHIFTED_PRODUCT_EXP, block_layout3, program_tops, unpack_fp4_slot,
+                                            unpack_fp4_slot_below)
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, exponent_scale,
                                         load_program_scales, program_scale_paths, scales_moderate, slot_scale_words,
                                         stage_words, word_byte)
 
-BLOCK_K = gl.constexpr(128)              # K elements a ring slot holds: BLOCKS_PER_SLOT scale blocks
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
-
-
-@gluon.constexpr_function
-def packed_layout(num_warps, rows=None):
-    """16 packed bytes a thread, 4 threads a 64-byte row, 8 rows a warp. A tile of ``rows`` fewer
-    than that covers (the token side at 8 or 16 tokens) is spread instead, 64 * rows / threads bytes
-    a thread (at least 4), rather than replicated in every warp."""
-    per_thread = 16
-    if rows is not None:
-        while per_thread > 4 and rows * 64 < per_thread * 32 * num_warps:
-            per_thread //= 2
-    row_threads = 64 // per_thread
-    return gl.BlockedLayout([1, per_thread], [32 // row_threads, row_threads], [num_warps, 1], [1, 0])
-
-
-# E4M3 bytes of the E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7; v1's fp4_to_e4m3_bits),
-# bytes 0-3 and 4-7 of an 8-byte table that PRMT indexes with a 3-bit code.
-E4M3_OF_E2M1_LO = 0x3C383000
-E4M3_OF_E2M1_HI = 0x4C484440
-
-# Four packed bytes (one 32-bit register, pack=4) -> the E4M3 bytes of their low nibbles ($0) and of
-# their high nibbles ($1). Per nibble set: mask the 3-bit magnitude codes into the low bits of each
-# byte, fold bytes (0,1) and (2,3) into the four selector nibbles of one PRMT, look the four
-# magnitudes up in the table, and OR in the sign (nibble bit 3 -> byte bit 7). 17 instructions
-# for 8 values, against ~10 integer ops a value for the arithmetic formula of the exact value
-# (``_UNPACK_SHIFTED_ASM`` below gives the value times 2^-6 in seven ops for 8 values).
-def unpack_ptx(lut_lo: str, lut_hi: str) -> str:
-    """The unpack's instructions with the table's low and high words in registers ``lut_lo`` and
-    ``lut_hi``, declared by the caller (kernels_v4 passes per-row tables as operands)."""
-    return f"""and.b32 code, $2, 0x07070707;
-shr.u32 fold, code, 4;
-or.b32 fold, fold, code;
-prmt.b32 sel, fold, fold, 0x0020;
-prmt.b32 mag, {lut_lo}, {lut_hi}, sel;
-shl.b32 sgn, $2, 4;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $0, mag, sgn;
-shr.u32 code, $2, 4;
-and.b32 code, code, 0x07070707;
-shr.u32 fold, code, 4;
-or.b32 fold, fold, code;
-prmt.b32 sel, fold, fold, 0x0020;
-prmt.b32 mag, {lut_lo}, {lut_hi}, sel;
-and.b32 sgn, $2, 0x80808080;
-or.b32 $1, mag, sgn;
-"""
-
-
-_UNPACK_ASM = gl.constexpr("{\n.reg .b32 lut0, lut1, code, fold, sel, mag, sgn;\n"
-                           f"mov.b32 lut0, {E4M3_OF_E2M1_LO:#x};\nmov.b32 lut1, {E4M3_OF_E2M1_HI:#x};\n"
-                           + unpack_ptx("lut0", "lut1") + "}")
-
-
-# Four packed bytes -> the E4M3 bytes of their nibbles' values times 2^-6, low nibbles ($0) and high
-# nibbles ($1). A nibble's sign goes to bit 7 and its magnitude bits e1 e0 m to bits 4..2: the E4M3
-# exponent field then holds e (0..3) and the mantissa's top bit m, so the byte's value is
-# 2^(e - 7) * (1 + m/2), the E2M1 value 2^(e - 1) * (1 + m/2) times 2^-6; for e = 0 it is the E4M3
-# subnormal m * 2^-7, E2M1's m * 0.5 times 2^-6. Seven instructions for 8 values, against the table
-# lookup's 17 (``_UNPACK_ASM``, what v3 and v4's folded slots use for exact values). The bytes of a
-# word move across byte lanes in the shifts, but each mask keeps only bits that came from the byte's
-# own nibble.
-_UNPACK_SHIFTED_ASM = gl.constexpr("""{
-.reg .b32 mag, sgn;
-shl.b32 mag, $2, 2;
-and.b32 mag, mag, 0x1C1C1C1C;
-shl.b32 sgn, $2, 4;
-and.b32 sgn, sgn, 0x80808080;
-or.b32 $0, mag, sgn;
-shr.u32 mag, $2, 2;
-and.b32 mag, mag, 0x1C1C1C1C;
-and.b32 sgn, $2, 0x80808080;
-or.b32 $1, mag, sgn;
-}""")
-SHIFTED_PRODUCT_EXP = gl.constexpr(12)   # a product of two shifted-unpacked operands is 2^-12 of the true one
-
-
-@gluon.jit
-def unpack_fp4_slot(packed, unpacked, ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """Packed E2M1 slot [ROWS, 64] (even K in the low nibble) -> FP8 E4M3 tile [ROWS, 128] of the
-    values times 2^-6 (``_UNPACK_SHIFTED_ASM``): wgmmas over two such tiles need ``add_block``'s
-    ``PRODUCT_EXP`` = SHIFTED_PRODUCT_EXP."""
-    bytes_ = packed.load(packed_layout(num_warps, ROWS))
-    lo, hi = gl.inline_asm_elementwise(_UNPACK_SHIFTED_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
-                                       is_pure=True, pack=4)
-    # Each K-block's 16 even-K values, then its 16 odd-K ones: a thread's 16 packed bytes are one
-    # K-block, so this order needs no byte shuffles, and it permutes K only inside a block, the same
-    # way in both operands, which the block's dot product does not see.
-    lo = gl.reshape(lo, [ROWS, BLOCKS_PER_SLOT, SCALE_BLOCK // 2])
-    hi = gl.reshape(hi, [ROWS, BLOCKS_PER_SLOT, SCALE_BLOCK // 2])
-    values = gl.reshape(gl.permute(gl.join(lo, hi), (0, 1, 3, 2)), [ROWS, BLOCK_K])
-    unpacked.store(values.to(gl.float8e4nv, bitcast=True))
 
 
 @gluon.jit
@@ -221,15 +142,23 @@ def block_operands(x_tiles, y_tiles, j: gl.constexpr):
 
 
 @gluon.jit
-def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, plain, PRODUCT_EXP: gl.constexpr):
+def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, plain, folded,
+              PRODUCT_EXP: gl.constexpr):
     """acc + partial * 2^PRODUCT_EXP scaled by block j's row and column scales (PRODUCT_EXP: 0, or
     SHIFTED_PRODUCT_EXP when both operands were unpacked by ``unpack_fp4_slot``; the factor is a power
     of two, so the scaled partial is what the unshifted operands give, exactly). ``plain``
     (staged scales, every byte of both operands within 2^+-MODERATE_EXP, none NaN):
     ``add_scaled_fast``'s two FP32 ops with the scales decoded in two integer ops each and no K-tail
     check (staging already set those bytes to 127), about half the instructions of the general path;
-    PRODUCT_EXP then goes into the row scale's exponent field (at most 227 + 12 there)."""
-    if plain:
+    PRODUCT_EXP then goes into the row scale's exponent field (at most 227 + 12 there). ``folded`` (FOLD_Y
+    programs that fold, a subset of ``plain``): Y's block scales are in its unpacked values, so the row
+    factor alone, one FMA an element; X shifted and Y from the tables make the partial 2^-6 of the true
+    one, whatever PRODUCT_EXP says."""
+    if folded:
+        fx = exponent_scale(wx, j)
+        fx = (fx.to(gl.int32, bitcast=True) + (FOLDED_PRODUCT_EXP << 23)).to(gl.float32, bitcast=True)
+        acc = gl.fma(partial, fx[:, None], acc)
+    elif plain:
         fx = exponent_scale(wx, j)
         if PRODUCT_EXP != 0:
             fx = (fx.to(gl.int32, bitcast=True) + (PRODUCT_EXP << 23)).to(gl.float32, bitcast=True)
@@ -242,13 +171,22 @@ def add_block(acc, partial, wx, wy, j: gl.constexpr, kb, k_blocks, moderate, pla
 
 
 @gluon.jit
+def unpack_y_slot(packed, unpacked, words, top, folded, ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """FOLD_Y: a packed Y slot unpacked with its block scales folded in (``folded``) or shifted as v2's."""
+    if folded:
+        unpack_fp4_slot_below(packed, unpacked, words, top, ROWS, num_warps)
+    else:
+        unpack_fp4_slot(packed, unpacked, ROWS, num_warps)
+
+
+@gluon.jit
 def x_blocks(x_tiles):
     """The wgmma A operands of a slot's four scale blocks: 32-byte K slices of the unpacked X tile."""
     return x_block(x_tiles, 0), x_block(x_tiles, 1), x_block(x_tiles, 2), x_block(x_tiles, 3)
 
 
 @gluon.jit
-def slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain,
+def slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks, moderate, plain, folded,
                        PRODUCT_EXP: gl.constexpr):
     """A slot's first three K-blocks: one async FP8 wgmma each into a fresh partial (even, odd,
     even), block j + 1 issued before block j is scaled into ``acc``. Block 3's wgmma is left in
@@ -261,23 +199,23 @@ def slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_b
     y_op = y_block(y_tiles, 1)
     odd = warpgroup_mma(x1, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
+    acc = add_block(acc, even, wx, wy, 0, kb0, k_blocks, moderate, plain, folded, PRODUCT_EXP)
     y_op = y_block(y_tiles, 2)
     even = warpgroup_mma(x2, y_op, even, use_acc=False, is_async=True)
     odd = warpgroup_mma_wait(num_outstanding=1, deps=(odd,))
-    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, PRODUCT_EXP)
+    acc = add_block(acc, odd, wx, wy, 1, kb0 + 1, k_blocks, moderate, plain, folded, PRODUCT_EXP)
     y_op = y_block(y_tiles, 3)
     odd = warpgroup_mma(x3, y_op, odd, use_acc=False, is_async=True)
     even = warpgroup_mma_wait(num_outstanding=1, deps=(even,))
-    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, PRODUCT_EXP)
+    acc = add_block(acc, even, wx, wy, 2, kb0 + 2, k_blocks, moderate, plain, folded, PRODUCT_EXP)
     return acc, even, odd
 
 
 @gluon.jit
-def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP: gl.constexpr):
+def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, folded, PRODUCT_EXP: gl.constexpr):
     """Retire the slot's last wgmma (the slot drains: see the loop) and scale block 3 into ``acc``."""
     odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
-    acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain, PRODUCT_EXP)
+    acc = add_block(acc, odd, wx, wy, 3, kb0 + 3, k_blocks, moderate, plain, folded, PRODUCT_EXP)
     return acc, odd
 
 
@@ -325,7 +263,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
                       STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr, PDL: gl.constexpr,
-                      PREFETCH_X: gl.constexpr, num_warps: gl.constexpr):
+                      PREFETCH_X: gl.constexpr, FOLD_Y: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(PDL or not PREFETCH_X, "PREFETCH_X streams X in before the PDL wait: PDL builds only")
     if PDL and not PREFETCH_X:   # launched early (PDL): nothing read may predate the kernel ahead
         wait_prior_grid()
@@ -357,6 +295,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     if not PREFETCH_X:
         x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     gl.static_assert(not X_REGS or (FP4 and num_warps == 4), "X from registers: MXFP4, one warpgroup")
+    gl.static_assert(not FOLD_Y or (FP4 and STAGED), "Y's scales fold into its unpack: MXFP4, staged scales")
     if FP4 and not X_REGS:
         x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_K],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
@@ -372,8 +311,14 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    folded = False
     if STAGED:
         moderate, plain = program_scale_paths(staged_x, staged_y)
+        if FOLD_Y:
+            # Per program: every Y row (token) within 2^FOLD_SPAN of its largest scale over the K-range.
+            y_top, y_span = program_tops(staged_y, k_slots, SCALE_SLOTS)
+            folded = plain & (gl.max(y_span, axis=0) <= FOLD_SPAN)
+            y_top_unpack = gl.convert_layout(y_top, gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps))))
         words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
         words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
         gl.thread_barrier()
@@ -393,7 +338,11 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         wait_ready(bars, 0, STAGES)
         if not X_REGS:
             unpack_fp4_slot(x_bufs.index(0), x_fp8.index(0), BLOCK_M, num_warps)
-        unpack_fp4_slot(y_bufs.index(0), y_fp8.index(0), BLOCK_N, num_warps)
+        if FOLD_Y:
+            unpack_y_slot(y_bufs.index(0), y_fp8.index(0), words_y.index(0), y_top_unpack, folded, BLOCK_N,
+                          num_warps)
+        else:
+            unpack_fp4_slot(y_bufs.index(0), y_fp8.index(0), BLOCK_N, num_warps)
         fence_async_shared()
 
     for s in range(k_slots):
@@ -431,16 +380,20 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         else:
             x0, x1, x2, x3 = x_blocks(x_tiles)
         acc, even, odd = slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks,
-                                            moderate, plain, PRODUCT_EXP)
+                                            moderate, plain, folded, PRODUCT_EXP)
         if FP4:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
                 wait_ready(bars, s + 1, STAGES)
                 if not X_REGS:
                     unpack_fp4_slot(x_bufs.index((s + 1) % STAGES), x_fp8.index((s + 1) % 2), BLOCK_M, num_warps)
-                unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
+                if FOLD_Y:
+                    unpack_y_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), words_y.index(s + 1),
+                                  y_top_unpack, folded, BLOCK_N, num_warps)
+                else:
+                    unpack_fp4_slot(y_bufs.index((s + 1) % STAGES), y_fp8.index((s + 1) % 2), BLOCK_N, num_warps)
                 fence_async_shared()
-        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, PRODUCT_EXP)
+        acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, folded, PRODUCT_EXP)
         if X_REGS:
             gl.thread_barrier()     # every warp's X loads from this ring slot are done before the refill
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
@@ -451,5 +404,9 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             wx = wx_next
             wy = wy_next
 
+    if FOLD_Y:
+        if folded:   # the Y scales' common part, left out of the unpacked values: exact (a power of two)
+            y_top_cols = gl.convert_layout(y_top, gl.SliceLayout(0, acc_layout))
+            acc = acc * (y_top_cols << 23).to(gl.float32, bitcast=True)[None, :]
     finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
                   stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)

@@ -66,12 +66,11 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels_v2 import _UNPACK_ASM, BLOCK_K
+from tilefly.ops.mx_gemm.fp4_unpack import _UNPACK_ASM, BLOCK_K, PACKED_BLOCK
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, E8M0_NAN, SCALE_BLOCK, SCAN_K, add_scaled, scale_offsets,
                                         scan_layout, slot_scale_words, word_byte)
 
 BF16_NAN = gl.constexpr(0x7FC0)
-PACKED_BLOCK = gl.constexpr(16)          # bytes of one MXFP4 K-block
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
 
 # Four E4M3 bytes ($2) and four BF16 factors ($3, $4: two a register) -> four BF16 values ($0, $1), byte

@@ -68,46 +68,19 @@ from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
 from tilefly.gluon.tma_ring import alloc_ring, issue_load, wait_ready
-from tilefly.ops.mx_gemm.kernels_v2 import (BLOCK_K, E4M3_OF_E2M1_HI, E4M3_OF_E2M1_LO, SHIFTED_PRODUCT_EXP,
-                                            block_operands, slot_block_3, slot_blocks_0_to_2, unpack_fp4_slot,
-                                            unpack_ptx, x_blocks)
+from tilefly.ops.mx_gemm.fp4_unpack import (BLOCK_K, FOLD_SPAN, PACKED_BLOCK, SHIFTED_PRODUCT_EXP, block_layout3,
+                                            max_byte, min_byte, table_unpack, tables_below, unpack_fp4_slot)
+from tilefly.ops.mx_gemm.kernels_v2 import block_operands, slot_block_3, slot_blocks_0_to_2, x_blocks
 from tilefly.ops.mx_gemm.scales import (BLOCKS_PER_SLOT, SCALE_BLOCK, add_scaled_any, load_program_scales,
                                         program_scale_paths, stage_words)
 
-TABLE_LO = gl.constexpr(E4M3_OF_E2M1_LO)  # v2's E4M3 bytes of the E2M1 magnitudes, as constexprs
-TABLE_HI = gl.constexpr(E4M3_OF_E2M1_HI)
-FOLD_SPAN = gl.constexpr(5)              # largest e_max - e a folded K-block may have (module docstring)
-PACKED_BLOCK = gl.constexpr(16)          # packed bytes of one K-block
 _INTS = ["K", "stride_sxr", "stride_sxc", "stride_syr", "stride_syc", "stride_bias", "slots_per_split"]
-
-# kernels_v2's unpack with the two table registers as operands: $2 four packed bytes, $3 and $7 the
-# table's low and high words ($4-$6 and $8-$10: the same values for the other three bytes of the
-# pack, unused).
-_UNPACK_TABLE_ASM = gl.constexpr("{\n.reg .b32 code, fold, sel, mag, sgn;\n" + unpack_ptx("$3", "$7") + "}")
-
-
-@gluon.constexpr_function
-def block_layout3(num_warps):
-    """v2's packed_layout viewed as [rows, 4 K-blocks, 16 bytes]: a thread's 16 bytes are one block."""
-    return gl.BlockedLayout([1, 1, 16], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
-
-
-@gluon.jit
-def max_byte(word):
-    """The largest of the four bytes of int32 scale words."""
-    top = word & 255
-    for j in gl.static_range(1, BLOCKS_PER_SLOT):
-        top = gl.maximum(top, (word >> (8 * j)) & 255)
-    return top
 
 
 @gluon.jit
 def word_span(words):
     """Per word: largest minus smallest of its four bytes."""
-    low = words & 255
-    for j in gl.static_range(1, BLOCKS_PER_SLOT):
-        low = gl.minimum(low, (words >> (8 * j)) & 255)
-    return max_byte(words) - low
+    return max_byte(words) - min_byte(words)
 
 
 @gluon.jit
@@ -132,19 +105,14 @@ def folded_tables(words, num_warps: gl.constexpr):
 @gluon.jit
 def folded_tables_in(words, layout: gl.constexpr):
     """``folded_tables`` for words in the rows slice of ``layout``, a [rows, 4] layout."""
-    j = gl.arange(0, BLOCKS_PER_SLOT, layout=gl.SliceLayout(0, layout))
-    shift = (max_byte(words)[:, None] - ((words[:, None] >> (8 * j[None, :])) & 255)) * 8
-    return TABLE_LO - shift * 0x01010100, TABLE_HI - shift * 0x01010101
+    return tables_below(max_byte(words), words, layout)
 
 
 @gluon.jit
 def unpack_folded_bytes(bytes_, lo_table, hi_table, ROWS: gl.constexpr):
     """Packed E2M1 bytes [ROWS, 4, 16] (a K-block per [r, j, :]) and their rows' table words [ROWS, 4]
     (``folded_tables``, in the slice layout of the bytes' dim 2) -> the E4M3 bytes [ROWS, 128] in K order."""
-    lo_table, _ = gl.broadcast(lo_table[:, :, None], bytes_)
-    hi_table, _ = gl.broadcast(hi_table[:, :, None], bytes_)
-    lo, hi = gl.inline_asm_elementwise(_UNPACK_TABLE_ASM, "=r,=r,r,r,r,r,r,r,r,r,r", [bytes_, lo_table, hi_table],
-                                       dtype=(gl.uint8, gl.uint8), is_pure=True, pack=4)
+    lo, hi = table_unpack(bytes_, lo_table, hi_table)
     return gl.reshape(gl.join(lo, hi), [ROWS, BLOCK_K])    # (block, byte, low/high nibble) = K order
 
 
@@ -296,8 +264,8 @@ def mx_gemm_v4_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             gl.thread_barrier()
             x0, x1, x2, x3 = x_blocks(x_fp8)
             acc, even, odd = slot_blocks_0_to_2(x0, x1, x2, x3, y_fp8, acc, even, odd, wx, wy, kb0, k_blocks,
-                                                moderate, plain, SHIFTED_PRODUCT_EXP)
-            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, SHIFTED_PRODUCT_EXP)
+                                                moderate, plain, False, SHIFTED_PRODUCT_EXP)
+            acc, odd = slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, False, SHIFTED_PRODUCT_EXP)
         # Both paths retired every wgmma and read the ring slot during the unpack: refill it.
         ahead = s + STAGES
         issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,

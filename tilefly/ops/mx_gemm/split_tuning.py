@@ -8,8 +8,9 @@ the split count ``scripts/mx_decode_probe.py --picked`` timed fastest; the launc
 entry exists and the model everywhere else. Splits depend on the exact shape (row tiles, K-steps),
 so there is no nearest-shape rule: an entry serves only its own shape.
 
-An entry: the format, the build (``build_name``: the config's name with its split limit and PDL
-flag left out, which do not change the kernel's per-slot work), the problem as the launcher sees it
+An entry: the format, the build (``build_name``: the config's name with its split limit, PDL flag and
+Y fold left out, which do not change the kernel's tile or ring; the fold trims a few instructions a slot
+from every program alike), the problem as the launcher sees it
 (``rows``: the side in the wgmma M slot, ``cols``: the tokens, ``k``), the fastest ``splits``, its
 time ``us`` and every timed count (``timed``: splits -> us, the evidence).
 
@@ -35,7 +36,7 @@ _log = logging.getLogger("tilefly.mx_gemm")
 
 def build_name(cfg) -> str:
     """The database's name of ``cfg``'s kernel build."""
-    return replace(cfg, max_splits=16, pdl=False).name
+    return replace(cfg, max_splits=16, pdl=False, fold_y=0).name
 
 
 def validate_entry(e: dict[str, Any]) -> str | None:
