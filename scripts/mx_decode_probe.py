@@ -10,7 +10,7 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
   call when the host is slower than the GPU) against ``torch.mm``'s.
 
     python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--kernels 2,3] [--profile]
-                                      [--picked --splits auto,2,4,8 --json FILE --commit SHA]
+                                      [--picked --splits auto,2,4,8 --json FILE --commit SHA] [--only _xr_fy]
 
 ``--json`` writes every timed row; ``python -m tilefly.ops.mx_gemm.split_tuning FILE`` turns the picked
 build's rows into the GPU's split tuning database (the fastest count per shape).
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--picked", action="store_true",
                     help="time only the pick's build (over --splits): a quick sweep for the split planner")
     ap.add_argument("--host-profile", action="store_true")
+    ap.add_argument("--only", help="time only the builds whose name contains this (e.g. _xr_fy)")
     ap.add_argument("--json", help="also write every timed row here (the split tuning database's input: "
                     "python -m tilefly.ops.mx_gemm.split_tuning FILE)")
     ap.add_argument("--commit", default="unknown", help="the commit measured, recorded in --json")
@@ -123,6 +124,8 @@ def main() -> None:
                 base, more = [replace(picked, max_splits=32)], []
             else:
                 base, more = variants(rows, cols, k, fmt, tuple(int(v) for v in args.kernels.split(",")))
+                if args.only:
+                    base, more = [c for c in base if args.only in c.name], [c for c in more if args.only in c.name]
             best = None
             for cfg in base + more:
                 least = cfg.min_splits(k)
