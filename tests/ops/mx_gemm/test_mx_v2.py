@@ -43,8 +43,7 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
     folds = [c for c in offered if c.fold_y]
     assert folds == configs.v2_fold_configs(rows, cols, 4096, fmt)
     assert bool(folds) == (fmt == "mxfp4" and 16 < cols <= 64)
-    assert bool(regs) == (fmt == "mxfp4" and cols <= 64)
-    assert all(c.num_warps == 4 or (c.num_warps == 8 and c.block_m == 128) for c in regs)
+    assert bool(regs) == (fmt == "mxfp4" and cols <= 64) and all(c.num_warps == 4 for c in regs)
     assert all(c.name.endswith("_ss16") for c in staged) and len(staged) == (2 if cols <= 64 else 0)
     v2 += staged
     assert len({c.name for c in offered}) == len(offered)
@@ -73,15 +72,13 @@ def test_pick_follows_the_h200_suite(fmt, rows, cols, name):
 
 def test_v2_x_regs_builds_are_mxfp4_staged_one_warpgroup_and_picked_up_to_32_tokens():
     built = configs.v2_regs_configs(4096, 32, 4096, "mxfp4")
-    assert [c.name for c in built] == ["mx2_128x32_s4_w4_k16_ss16_xr", "mx2_64x32_s4_w4_k16_ss16_xr",
-                                       "mx2_128x32_s4_w8_k16_ss16_xr"]   # the 128-row tile over one or two warpgroups
-    assert [replace(c, x_regs=0) for c in built[:2]] == configs.v2_staged_configs(4096, 32, 4096, "mxfp4")
-    assert built[2] == replace(built[0], num_warps=8)
+    assert [c.name for c in built] == ["mx2_128x32_s4_w4_k16_ss16_xr", "mx2_64x32_s4_w4_k16_ss16_xr"]
+    assert [replace(c, x_regs=0) for c in built] == configs.v2_staged_configs(4096, 32, 4096, "mxfp4")
     assert not configs.v2_regs_configs(4096, 32, 4096, "mxfp8") and not configs.v2_regs_configs(4096, 65, 4096, "mxfp4")
     # no unpacked X tiles: two buffers of block_m x 128 FP8 bytes fewer than the staged build
     assert built[0].smem_bytes("mxfp4") == replace(built[0], x_regs=0).smem_bytes("mxfp4") - 2 * 128 * 128
     cfg = built[0]
-    for bad, fmt in ((cfg, "mxfp8"), (replace(cfg, num_warps=8, block_m=64, block_n=64), "mxfp4"),
+    for bad, fmt in ((cfg, "mxfp8"), (replace(cfg, num_warps=8, block_n=64), "mxfp4"),
                      (replace(cfg, scale_slots=0), "mxfp4")):
         assert configs.static_reason(bad, fmt).startswith("x_regs"), bad
     for cols in (1, 8, 16, 17, 32, 33, 64):   # the eager path's MXFP4 build up to V4_MIN_COLS tokens
@@ -93,8 +90,7 @@ def test_v2_x_regs_builds_are_mxfp4_staged_one_warpgroup_and_picked_up_to_32_tok
 
 def test_fold_y_builds_are_mxfp4_staged_and_at_least_32_tokens_wide():
     built = configs.v2_fold_configs(4096, 32, 4096, "mxfp4")
-    assert [c.name for c in built] == ["mx2_128x32_s4_w4_k16_ss16_xr_fy", "mx2_64x32_s4_w4_k16_ss16_xr_fy",
-                                       "mx2_128x32_s4_w8_k16_ss16_xr_fy"]
+    assert [c.name for c in built] == ["mx2_128x32_s4_w4_k16_ss16_xr_fy", "mx2_64x32_s4_w4_k16_ss16_xr_fy"]
     assert [replace(c, fold_y=0) for c in built] == configs.v2_regs_configs(4096, 32, 4096, "mxfp4")
     assert not configs.v2_fold_configs(4096, 16, 4096, "mxfp4") and not configs.v2_fold_configs(4096, 32, 4096, "mxfp8")
     assert built[0].smem_bytes("mxfp4") == replace(built[0], fold_y=0).smem_bytes("mxfp4")
@@ -267,9 +263,7 @@ COMPILED = ("mx_gemm.mx2_128x32_s4_w4_k16[mxfp8,swz=00,bias=0,bf16,rowsC=1,words
             "mx_gemm.mx2_128x8_s4_w4_k16_ss16_xr[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]",
             "mx_gemm.mx2_128x32_s4_w4_k16_ss16_xr[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]",
             "mx_gemm.mx2_128x32_s4_w4_k16_ss16_xr_fy[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]",
-            "mx_gemm.mx2_64x32_s4_w4_k16_ss16_xr_fy[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]",
-            "mx_gemm.mx2_128x32_s4_w8_k16_ss16_xr_fy[mxfp4,swz=00,bias=0,bf16,rowsC=1,words=1]",
-            "mx_gemm.mx2_128x16_s4_w8_k16_ss16_xr[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]")
+            "mx_gemm.mx2_64x32_s4_w4_k16_ss16_xr_fy[mxfp4,swz=11,bias=1,fp16,rowsC=0,words=0]")
 
 
 @pytest.mark.parametrize("name", COMPILED)

@@ -140,12 +140,13 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "kernel must be 1, 2, 3 or 4"
     if cfg.fold_y not in (0, 1):
         return "fold_y must be 0 or 1 (1: Y's scales folded into its unpack)"
-    if cfg.fold_y and (cfg.kernel != 2 or fmt != "mxfp4" or not cfg.scale_slots or cfg.block_n < 32):
-        return "fold_y is an MXFP4 build of kernel 2 with staged scales and at least 32 Y rows"
+    if cfg.fold_y and (cfg.kernel != 2 or fmt != "mxfp4" or not cfg.scale_slots
+                       or cfg.block_n < 8 * cfg.num_warps):
+        return ("fold_y is an MXFP4 build of kernel 2 with staged scales and at least 8 Y rows a warp "
+                "(one K-block of one row a thread in Y's unpack)")
     if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
-    if cfg.x_regs and (cfg.kernel not in (2, 4) or fmt != "mxfp4" or not cfg.scale_slots
-                       or (cfg.num_warps != 4 and (cfg.kernel != 2 or cfg.block_m != 128))):
+    if cfg.x_regs and (cfg.kernel not in (2, 4) or fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "x_regs is an MXFP4 build of kernel 2 or 4 with one warpgroup and staged scales"
     if cfg.pdl and cfg.kernel not in (2, 4):
         return "pdl is a kernel 2 or 4 build (programmatic dependent launch)"
@@ -228,11 +229,7 @@ def v2_regs_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     unpacked X tile in shared memory, one warpgroup. ``pick`` runs them up to V4_MIN_COLS tokens."""
     if fmt != "mxfp4":
         return []
-    staged = v2_staged_configs(rows, cols, k, fmt)
-    out = [replace(c, x_regs=1) for c in staged]
-    # The 128-row tile over two warpgroups, 64 rows each: half the registers a thread (128 against ~220 at
-    # 32 tokens), so twice the warps an SM, and Y's unpack shared by both.
-    out += [replace(c, x_regs=1, num_warps=8) for c in staged if c.block_m == 128 and c.num_warps == 4]
+    out = [replace(c, x_regs=1) for c in v2_staged_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
 
 

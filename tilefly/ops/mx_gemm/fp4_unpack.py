@@ -136,12 +136,9 @@ _UNPACK_TABLE_ASM = gl.constexpr("{\n.reg .b32 code, fold, sel, mag, sgn;\n" + u
 
 
 @gluon.constexpr_function
-def block_layout3(num_warps, rows=None):
-    """``packed_layout`` viewed as [rows, 4 K-blocks, 16 bytes]: a thread's 16 bytes are one block (a
-    tile of ``rows`` too short for that: 8 or 4 bytes, half or a quarter of one)."""
-    per_thread = packed_layout(num_warps, rows).size_per_thread[1]
-    split = 16 // per_thread
-    return gl.BlockedLayout([1, 1, per_thread], [8 // split, 4, split], [num_warps, 1, 1], [2, 1, 0])
+def block_layout3(num_warps):
+    """``packed_layout`` viewed as [rows, 4 K-blocks, 16 bytes]: a thread's 16 bytes are one block."""
+    return gl.BlockedLayout([1, 1, 16], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
 
 
 @gluon.jit
@@ -200,8 +197,9 @@ def unpack_fp4_slot_below(packed, unpacked, words, top, ROWS: gl.constexpr, num_
     """``unpack_fp4_slot`` with each K-block's scale folded in: packed E2M1 slot [ROWS, 64] -> FP8 E4M3
     [ROWS, 128] of the values times 2^(e - top(row)), exact while top - e <= FOLD_SPAN, in
     ``unpack_fp4_slot``'s order. ``words``: the slot's scale words of the rows (shared, [ROWS]); ``top``:
-    int32 [ROWS] in the rows slice of ``block_layout3(num_warps, ROWS)``'s [rows, blocks] slice."""
-    layout3: gl.constexpr = block_layout3(num_warps, ROWS)
+    int32 [ROWS] in the rows slice of block_layout3's [rows, blocks] slice."""
+    gl.static_assert(ROWS >= 8 * num_warps, "one K-block of one row a thread: at least 8 rows a warp")
+    layout3: gl.constexpr = block_layout3(num_warps)
     bytes_ = gl.convert_layout(gl.reshape(packed.load(packed_layout(num_warps, ROWS)),
                                           [ROWS, BLOCKS_PER_SLOT, PACKED_BLOCK]), layout3, assert_trivial=True)
     row_words = words.load(gl.SliceLayout(1, gl.SliceLayout(2, layout3)))

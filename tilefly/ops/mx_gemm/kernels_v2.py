@@ -220,27 +220,26 @@ def slot_block_3(acc, odd, wx, wy, kb0, k_blocks, moderate, plain, folded, PRODU
 
 
 @gluon.constexpr_function
-def x_regs_packed_layout(block_m, num_warps=4):
+def x_regs_packed_layout(block_m):
     """X_REGS: a packed X slot [block_m, 64] bytes spread as the wgmma A fragments of its four K-blocks
-    want it. Lane 4g + q holds packed bytes 4q..4q+3 of every 16-byte K-block of rows g and g + 8 of each
-    64-row slab; warp w of a warpgroup takes rows 16w.., warpgroup v (8 warps) rows 64v.."""
+    want it. Lane 4g + q holds packed bytes 4q..4q+3 of every 16-byte K-block of rows g and g + 8 of
+    each 64-row slab; warp w takes rows 16w.. (one warpgroup)."""
     reg = [[0, 1], [0, 2], [0, 16], [0, 32], [8, 0]]
-    slab = 64 * (num_warps // 4)
+    slab = 64
     while slab < block_m:
         reg.append([slab, 0])
         slab *= 2
-    warps = [[16, 0], [32, 0]] + ([[64, 0]] if num_warps == 8 else [])
     return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=warps, block_bases=[], shape=[block_m, 64])
+                                      warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[block_m, 64])
 
 
 @gluon.jit
-def x_register_operands(packed, BLOCK_M: gl.constexpr, acc_layout: gl.constexpr, num_warps: gl.constexpr):
+def x_register_operands(packed, BLOCK_M: gl.constexpr, acc_layout: gl.constexpr):
     """X_REGS: a packed X slot in shared memory -> the four K-blocks' wgmma A operands in registers, FP8
     of the values times 2^-6 in ``unpack_fp4_slot``'s order (position 16h + p of block j: nibble h of
     packed byte 16j + p), so that they pair with its Y tile. Lane 4g + q's word of a block unpacks to the
     two 4-byte chunks its fragment holds at 4q and 16 + 4q: no shuffles."""
-    bytes_ = packed.load(x_regs_packed_layout(BLOCK_M, num_warps))
+    bytes_ = packed.load(x_regs_packed_layout(BLOCK_M))
     lo, hi = gl.inline_asm_elementwise(_UNPACK_SHIFTED_ASM, "=r,=r,r", [bytes_], dtype=(gl.uint8, gl.uint8),
                                        is_pure=True, pack=4)
     blocks = gl.reshape(gl.join(lo, hi), [BLOCK_M, BLOCKS_PER_SLOT, SCALE_BLOCK // 2, 2])   # [row, j, p, h]
@@ -295,8 +294,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
 
     if not PREFETCH_X:
         x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
-    gl.static_assert(not X_REGS or (FP4 and (num_warps == 4 or BLOCK_M == 128)),
-                     "X from registers: MXFP4, one warpgroup (two on 128 rows, 64 each)")
+    gl.static_assert(not X_REGS or (FP4 and num_warps == 4), "X from registers: MXFP4, one warpgroup")
     gl.static_assert(not FOLD_Y or (FP4 and STAGED), "Y's scales fold into its unpack: MXFP4, staged scales")
     if FP4 and not X_REGS:
         x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_K],
@@ -320,8 +318,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             # Per program: every Y row (token) within 2^FOLD_SPAN of its largest scale over the K-range.
             y_top, y_span = program_tops(staged_y, k_slots, SCALE_SLOTS)
             folded = plain & (gl.max(y_span, axis=0) <= FOLD_SPAN)
-            y_top_unpack = gl.convert_layout(y_top, gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps,
-                                                                                                BLOCK_N))))
+            y_top_unpack = gl.convert_layout(y_top, gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps))))
         words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
         words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
         gl.thread_barrier()
@@ -379,7 +376,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         # the next block runs, block 3 while (MXFP4) the next slot is unpacked.
         if X_REGS:
             # The ring slot was waited for when its Y was unpacked (the previous slot, or before the loop).
-            x0, x1, x2, x3 = x_register_operands(x_bufs.index(slot), BLOCK_M, acc_layout, num_warps)
+            x0, x1, x2, x3 = x_register_operands(x_bufs.index(slot), BLOCK_M, acc_layout)
         else:
             x0, x1, x2, x3 = x_blocks(x_tiles)
         acc, even, odd = slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks,
