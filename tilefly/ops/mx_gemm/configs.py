@@ -313,7 +313,10 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     every pick is exact. v1 took 1.2-6x v2's time on every decode shape (session 18). MXFP4 feeds X from
     registers on the same tile: v2's build up to V4_MIN_COLS tokens, v4's above (exact too: slots that
     do not fold take v2's path). Decode probe at d3f67b9 (BENCHMARKS.md session 28), us, v4 / v4 X from
-    registers on the pick's tile and ring: 64 x 4096 x 4096 22.0 / 21.6."""
+    registers on the pick's tile and ring: 64 x 4096 x 4096 22.0 / 21.6. MXFP4 tiles of 32 tokens also fold
+    Y's block scales into its unpack (``v2_fold_configs``, exact): decode probe at f19bbd3 against 45bcc37
+    (BENCHMARKS.md session 40), us, 32 x 28672 x 4096 52.2 -> 47.0, 32 x 4096 x 14336 30.1 -> 27.1,
+    32 x 6144 x 4096 18.3 -> 16.9, 32 x 4096 x 4096 16.2 -> 14.9."""
     staged = v2_staged_configs(rows, cols, k, fmt)
     if len(staged) == 2:
         wide, narrow = staged

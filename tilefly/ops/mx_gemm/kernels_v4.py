@@ -23,11 +23,11 @@ Layout plan (one program per (output tile, K-split), num_warps 4 = one warpgroup
                     registers give ``fold_bits``: bit s set when slot s folds, i.e. every row of both
                     tiles spans at most 2^FOLD_SPAN over the slot's four K-blocks (NaN spans 128+).
     unpack          one unpacked FP8 buffer per operand, [rows, 128] with the 128-byte NVMMA swizzle.
-                    A thread holds 16 packed bytes = one K-block of one row (v2's ``packed_layout``
+                    A thread holds 16 packed bytes = one K-block of one row (fp4_unpack's ``packed_layout``
                     viewed as [rows, 4 blocks, 16]); folded slots look its nibbles up in the E4M3
                     table of the eight E2M1 magnitudes with every nonzero entry's exponent field
                     lowered by e_max - e (``folded_tables``: two integer ops per row and block, the
-                    PRMT program ``_UNPACK_TABLE_ASM``, v2's table lookup), other slots as v2's
+                    PRMT program ``fp4_unpack._UNPACK_TABLE_ASM``), other slots as v2's
                     (``unpack_fp4_slot``: values times 2^-6, made good in ``add_block``).
     MMA             folded slot: four async FP8 wgmmas (one a K-block) chained into one FP32 partial,
                     retired, then ``add_slot`` (one FMA and one multiply an element: v2's plain decode
