@@ -122,7 +122,9 @@ OPTIONS: tuple[Option, ...] = (
            "that input: a residual add + RMSNorm before the q/k/v and gate/up projections "
            "(tilefly/mx/norm_fusion.py), an MLP's SiLU product before the down projection "
            "(tilefly/mx/silu_fusion.py), each one tilefly kernel instead of Inductor's kernel plus tilefly's "
-           "quantization kernel. On by default: it raised Llama-3.1-8B MXFP4 decoding at 32 requests "
+           "quantization kernel; and a masked attention's output before o_proj, quantized inside tilefly's "
+           "decode attention kernel wherever that kernel serves the call (tilefly/mx/attention_fusion.py). "
+           "On by default: it raised Llama-3.1-8B MXFP4 decoding at 32 requests "
            "from 5457 to 5782-5809 tok/s on the H200 (two runs, BENCHMARKS.md session 38)."),
     Option("triton_autotune_timing", "TILEFLY_TRITON_AUTOTUNE_TIMING", _choice("inductor", "queued"), "queued",
            "How Inductor times the configs of its own Triton kernels (pointwise, reductions) while tilefly is "

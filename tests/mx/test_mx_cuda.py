@@ -363,3 +363,66 @@ def test_cuda_compiled_decoder_block_runs_the_fused_kernels(monkeypatch, fmt):
     assert quantization < (0.15 if fmt == "mxfp8" else 0.5), quantization
     assert error(fused, exact) <= 1.1 * quantization, (error(fused, exact), quantization)
     assert error(fused, unfused.double().squeeze(1)) <= 0.5 * quantization
+
+
+def _decode_attention_inputs(keys, dtype, batch=32, kv_heads=8, rows=4, d=128):
+    """A decode step's grouped attention call (a KV group's query heads as rows) over a static cache."""
+    q = torch.randn(batch, kv_heads, rows, d, device="cuda").to(dtype)
+    k = torch.randn(batch, kv_heads, keys, d, device="cuda").to(dtype)
+    v = torch.randn(batch, kv_heads, keys, d, device="cuda").to(dtype)
+    q[0, 0, 0, :32] *= 2.0 ** -30         # one block of the output far below the others
+    lengths = torch.randint(1, keys + 1, (batch,), device="cuda")
+    lengths[0] = keys
+    bias = torch.where(torch.arange(keys, device="cuda")[None, :] < lengths[:, None], 0.0, float("-inf"))
+    return q, k, v, bias.to(dtype)[:, None, None, :]
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("keys", [64, 1000, 4096])     # one split (the kernel writes directly), several
+def test_cuda_attention_quantize_in_the_decode_kernel_gives_the_stored_outputs_bytes(monkeypatch, fmt, dtype, keys):
+    """tilefly::attention_mx_quantize where the router serves the call with the decode kernel: the kernel
+    quantizes (QUANT) and gives exactly quantize_rows of the output the same call stores."""
+    from tilefly import config
+    from tilefly.mx import attention_quant
+    from tilefly.mx.quant import quantize_rows
+    from tilefly.ops.attention import decode
+
+    monkeypatch.setattr(config, "attention_decode", "on")
+    quantized = []
+    run = decode.run
+    monkeypatch.setattr(decode, "run", lambda *a, **kw: quantized.append(kw.get("quant")) or run(*a, **kw))
+    torch.manual_seed(0)
+    q, k, v, bias = _decode_attention_inputs(keys, dtype)
+    strides = [4096, 512, 128, 1]
+    with tilefly.enabled(["attention"]):
+        data, scales = torch.ops.tilefly.attention_mx_quantize(q, k, v, bias, None, False, "cudnn", strides, 4096, fmt)
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False)[0]
+    assert quantized[0] is not None and quantized[1] is None, "the op's call quantized in the kernel, then a plain one"
+    want_data, want_scales = quantize_rows(out.reshape(32, 4096), attention_quant.formats.ELEMENTS[fmt])
+    assert torch.equal(data, want_data.view(torch.uint8)) and torch.equal(scales, want_scales)
+    assert scales[0, 0] < scales[0, 1]      # the small block kept a scale of its own
+
+
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+def test_cuda_compiled_attention_quantization_fuses_and_keeps_the_bits(monkeypatch, compile_fused, fmt):
+    """A grouped decode attention call feeding an MX quantization, compiled with the decode kernel on:
+    one fused op, no quantization op, and the unfused compile's bytes."""
+    import torch.nn.functional as F
+
+    from tilefly import config
+
+    monkeypatch.setattr(config, "attention_decode", "on")
+    torch.manual_seed(1)
+    q, k, v, bias = _decode_attention_inputs(1500, torch.bfloat16)
+
+    def f(q, k, v, bias):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        b, h, s, d = out.shape
+        return torch.ops.tilefly.mx_quantize_rows(out.reshape(b, h * s, 1, d).transpose(1, 2).reshape(b, -1), fmt)
+
+    fused, code = compile_fused(f, q, k, v, bias)
+    assert code.count("torch.ops.tilefly.attention_mx_quantize.default(") == 1
+    assert "torch.ops.tilefly.mx_quantize_rows.default(" not in code
+    unfused, _ = compile_fused(f, q, k, v, bias, fused=False)
+    assert all(torch.equal(a, b) for a, b in zip(fused, unfused))

@@ -8,8 +8,10 @@
    slices (``tilefly.mx.siblings`` says why and when it runs as one GEMM).
 3. With ``config.mx_fused_quant``, a residual add, the RMSNorm after it and the quantization of its
    output become one ``tilefly::add_rms_norm_mx_quantize`` call (``tilefly.mx.norm_fusion``),
-4. and an MLP's ``silu(gate) * up`` and its quantization one ``tilefly::silu_mul_mx_quantize`` call
-   (``tilefly.mx.silu_fusion``).
+4. an MLP's ``silu(gate) * up`` and its quantization one ``tilefly::silu_mul_mx_quantize`` call
+   (``tilefly.mx.silu_fusion``),
+5. and a masked attention call and the quantization of its output (the o_proj input) one
+   ``tilefly::attention_mx_quantize`` call (``tilefly.mx.attention_fusion``).
 
 ``tilefly.enable()`` puts ``SharedQuantization`` in ``torch._inductor.config.post_grad_custom_pre_pass``
 with the ``mx_gemm`` family, chaining the pass it finds there; ``tilefly.disable()`` restores it.
@@ -22,7 +24,7 @@ import torch
 import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
 import tilefly.mx.quant_op  # noqa: F401 - registers tilefly::mx_quantize_rows
 from tilefly import _graph_pass, config
-from tilefly.mx import fusion_graph, norm_fusion, siblings, silu_fusion
+from tilefly.mx import attention_fusion, fusion_graph, norm_fusion, siblings, silu_fusion
 
 SLOT = "post_grad_custom_pre_pass"
 
@@ -46,10 +48,12 @@ class SharedQuantization(_graph_pass.ChainedPass):
         if config.mx_fused_quant:
             norm_fusion.fuse_norm_quantization(graph)
             silu_fusion.fuse_silu_quantization(graph)
+            attention_fusion.fuse_attention_quantization(graph)
 
     def source_files(self) -> tuple[str, ...]:
         return (__file__, _graph_pass.__file__, siblings.__file__, fusion_graph.__file__, norm_fusion.__file__,
-                norm_fusion.norm_quant.__file__, silu_fusion.__file__, silu_fusion.silu_quant.__file__)
+                norm_fusion.norm_quant.__file__, silu_fusion.__file__, silu_fusion.silu_quant.__file__,
+                attention_fusion.__file__, attention_fusion.attention_quant.__file__)
 
     def key_suffix(self) -> bytes:
         return b":fused-quant" if config.mx_fused_quant else b""

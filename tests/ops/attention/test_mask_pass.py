@@ -138,3 +138,17 @@ def test_cuda_compiled_attention_converts_the_mask_once_and_matches_eager():
     # the only BF16 buffers the graph allocates with 768 keys last are masks (without the pass: one a call)
     masks = re.findall(r"(buf\d+) = empty_strided_cuda\(\([^)]*768\), \([^)]*\), torch\.bfloat16\)", code)
     assert len(masks) == 1, masks
+
+
+def test_the_mx_pass_fused_attention_op_shares_its_mask_too():
+    """tilefly.mx's attention + quantization op (the MX pass runs first) takes the mask as attn_bias."""
+    import tilefly.mx.attention_quant  # noqa: F401 - registers the op
+
+    fused_op = torch.ops.tilefly.attention_mx_quantize.default
+    graph = torch.fx.Graph()
+    q, k, v, mask = (graph.placeholder(n) for n in ("q", "k", "v", "mask"))
+    calls = [graph.call_function(fused_op, (q, k, v, _additive(graph, mask, float("-inf"), _mask_value()), None,
+                                            False, "cudnn", [512, 128, 128, 1], 512, "mxfp4")) for _ in range(3)]
+    graph.output(tuple(calls))
+    assert share_attention_masks(graph) == 2
+    assert len({c.args[3] for c in calls}) == 1 and _count(graph, torch.ops.aten.where.self) == 1

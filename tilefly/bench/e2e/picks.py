@@ -5,8 +5,8 @@ tilefly's candidates are ExternKernelChoices named ``tilefly_<op>_<config>_v1``;
 called by that name in the wrapper. MX layers (MXLinear) are no Inductor choice: their GEMMs are
 calls of the custom op ``tilefly::mx_linear_mm``, or of ``tilefly::mx_linear_mm_packed`` for sibling
 layers of one input (tilefly.mx.siblings), whose F.scaled_mm tilefly's override serves at run time
-(side B; the decode profile names the kernel); ``tilefly::add_rms_norm_mx_quantize`` and
-``tilefly::silu_mul_mx_quantize`` calls are counted too (config.mx_fused_quant). Graphs loaded from
+(side B; the decode profile names the kernel); ``tilefly::add_rms_norm_mx_quantize``,
+``tilefly::silu_mul_mx_quantize`` and ``tilefly::attention_mx_quantize`` calls are counted too (config.mx_fused_quant). Graphs loaded from
 Inductor's FX graph cache generate no code, so nothing is captured for them (``picks`` then says so).
 
 ``record_races`` keeps what Inductor measured when it chose each GEMM's kernel (its feedback-saver
@@ -29,6 +29,7 @@ MX_OP_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm\.default\(")   #
 MX_PACKED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm_packed\.default\(")
 MX_FUSED_NORM_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.add_rms_norm_mx_quantize\.default\(")
 MX_FUSED_SILU_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.silu_mul_mx_quantize\.default\(")
+MX_FUSED_ATTENTION_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.attention_mx_quantize\.default\(")
 
 
 @contextlib.contextmanager
@@ -55,7 +56,8 @@ def picks(codes: list[str]) -> dict[str, Any]:
              "triton_template_calls": len(TRITON_TEMPLATE_CALL.findall(text)),
              "aten_gemm_calls": len(ATEN_GEMM.findall(text)), "mx_op_calls": len(MX_OP_CALL.findall(text))}
     for key, pattern in (("mx_packed_calls", MX_PACKED_CALL), ("mx_fused_norm_calls", MX_FUSED_NORM_CALL),
-                         ("mx_fused_silu_calls", MX_FUSED_SILU_CALL)):
+                         ("mx_fused_silu_calls", MX_FUSED_SILU_CALL),
+                         ("mx_fused_attention_calls", MX_FUSED_ATTENTION_CALL)):
         if n := len(pattern.findall(text)):
             found[key] = n
     return found
@@ -69,7 +71,8 @@ def describe(p: dict[str, Any]) -> str:
     templates = f"{p['triton_templates']}" + ("" if calls is None else f" ({calls} calls)")
     mx = f"; MX layer calls {p['mx_op_calls']}" if p.get("mx_op_calls") else ""
     mx += f"; packed sibling MX calls {p['mx_packed_calls']}" if p.get("mx_packed_calls") else ""
-    for key, what in (("mx_fused_norm_calls", "add + RMSNorm"), ("mx_fused_silu_calls", "SiLU product")):
+    for key, what in (("mx_fused_norm_calls", "add + RMSNorm"), ("mx_fused_silu_calls", "SiLU product"),
+                      ("mx_fused_attention_calls", "attention")):
         mx += f"; fused {what} + MX quantization calls {p[key]}" if p.get(key) else ""
     races = f"; {describe_races(p['races'])}" if p.get("races") else ""
     return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}{mx}{races}"

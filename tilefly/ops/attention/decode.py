@@ -98,10 +98,35 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     return run(q, k, v, bias, scale, splits, cfg)
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """Where ``run`` puts the output instead of storing it: its MX bytes (kernels_decode's QUANT).
+    ``data`` and ``scale_bits`` are flat uint8 tensors of the output's elements / elements a byte and
+    elements / 32; ``strides`` place output element (b, h, m, d) at element offset
+    b * strides[0] + h * strides[1] + m * strides[2] + d of the quantized rows (``quant_reason``)."""
+    data: torch.Tensor
+    scale_bits: torch.Tensor
+    fp4: bool
+    emax: int
+    strides: tuple[int, int, int]
+
+
+def quant_reason(d: int, strides) -> str | None:
+    """Why outputs of head dim ``d`` laid out by ``strides`` (b, h, m, d) cannot be quantized in the
+    kernel, or None: every row of D elements must be whole 32-element scale blocks."""
+    if d % 32:
+        return f"head dim {d} is not a multiple of 32 (the MX scale block)"
+    if len(strides) != 4 or strides[3] != 1 or any(s % 32 for s in strides[:3]):
+        return f"output strides {tuple(strides)} do not keep each head's row in whole 32-element blocks"
+    return None
+
+
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
         scale: float | None = None, splits: int | None = None,
-        cfg: DecodeConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``decode_attention`` for inputs ``unsupported`` already passed (the router's predicate ran it)."""
+        cfg: DecodeConfig | None = None, quant: Quantized | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``decode_attention`` for inputs ``unsupported`` already passed (the router's predicate ran it).
+    With ``quant`` (``quant_reason`` passed) the output goes to its MX bytes and the returned ``out`` is
+    an empty placeholder of q's dtype."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     if scale is None:
@@ -116,7 +141,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
         per_split = -(-(-(-sk // splits)) // cfg.block_n) * cfg.block_n
         splits = -(-sk // per_split)
     f32 = dict(dtype=torch.float32, device=q.device)
-    out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
+    out = torch.empty((b, h, sq, d) if quant is None else (0,), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), **f32)
     direct = splits == 1
     if direct:                  # the kernel writes out and lse itself: no partials, no tickets
@@ -135,12 +160,19 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
     else:
         bias_arg = bias.expand(b, h, sq, sk)
         bias_strides = bias_arg.stride()
+    if quant is None:
+        data, scale_bits, out_strides = lse, lse, out.stride()[:3]
+        mx = dict(QUANT=False, FP4=False, EMAX=0)
+    else:
+        data, scale_bits, out_strides = quant.data, quant.scale_bits, quant.strides
+        mx = dict(QUANT=True, FP4=quant.fp4, EMAX=quant.emax)
     ints = (scale / math.log(2), sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
-            *v.stride()[:3], *bias_strides, *out.stride()[:3])
+            *v.stride()[:3], *bias_strides, *out_strides)
     _triton_launch.launch_direct(_launches, _split_kernel, (programs, splits),
-                                 (q, k, v, bias_arg, o_part, m_part, l_part, tickets, out, lse), ints,
+                                 (q, k, v, bias_arg, o_part, m_part, l_part, tickets, out if quant is None else q,
+                                  lse, data, scale_bits), ints,
                                  dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, SCAN=SCAN, HAS_BIAS=bias is not None,
-                                      DIRECT=direct, UPCAST=not q.is_cuda),
+                                      DIRECT=direct, UPCAST=not q.is_cuda, **mx),
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
 
@@ -168,7 +200,7 @@ def _reference(q, k, v, bias, scale):
     return weights @ v64.masked_fill(masked.all(-2).unsqueeze(-1), 0.0), torch.logsumexp(logits, dim=-1)
 
 
-def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
+def _inputs(b, h, hk, sq, sk, d, dtype, mask, seed):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, sq, d, generator=gen).to(dtype)
     k = torch.randn(b, hk, sk, d, generator=gen).to(dtype)
@@ -188,6 +220,11 @@ def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
     elif mask == "additive":        # finite, per head and row, plus one fully masked row
         bias = (torch.randn(b, h, sq, sk, generator=gen) * 2).to(dtype)
         bias[0, 0, 0] = float("-inf")
+    return q, k, v, bias
+
+
+def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
+    q, k, v, bias = _inputs(b, h, hk, sq, sk, d, dtype, mask, seed)
     out, lse = decode_attention(q, k, v, bias, splits=splits)
     want, want_lse = _reference(q, k, v, bias, 1.0 / math.sqrt(d))
     if mask == "additive":
@@ -197,7 +234,34 @@ def _check(b, h, hk, sq, sk, d, dtype, mask, splits, seed=0):
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-4, atol=1e-4)
 
 
+def _check_quantized(b, h, hk, sq, sk, d, dtype, mask, splits, fmt, heads_inner, seed=1):
+    """QUANT's bytes equal quantize_rows of the stored output, for rows laid out as (b, h, m, d) or, with
+    ``heads_inner``, as (b, m, h, d) (the output transposed, as attention's o_proj input is)."""
+    from tilefly.mx import formats
+    from tilefly.mx.quant import quantize_rows_ops
+
+    spec = formats.ELEMENTS[fmt]
+    q, k, v, bias = _inputs(b, h, hk, sq, sk, d, dtype, mask, seed)
+    q[0, 0, 0, :32] *= 2.0 ** -20       # a block far below its neighbours: its own scale
+    out, _ = run(q, k, v, bias, splits=splits)
+    rows = out.transpose(1, 2) if heads_inner else out
+    strides = (sq * h * d, d, h * d, 1) if heads_inner else (h * sq * d, sq * d, d, 1)
+    want_data, want_scales = quantize_rows_ops(rows.reshape(-1, rows.shape[-2] * d), spec)
+    data = torch.full((out.numel() // spec.per_byte,), 0x5A, dtype=torch.uint8)   # poison: every byte is written
+    scale_bits = torch.full((out.numel() // 32,), 0xA5, dtype=torch.uint8)
+    reason = quant_reason(d, strides)
+    assert reason is None, reason
+    run(q, k, v, bias, splits=splits, quant=Quantized(data, scale_bits, fmt == "mxfp4", spec.emax, strides[:3]))
+    assert torch.equal(data, want_data.view(torch.uint8).reshape(-1)), "data bytes"
+    assert torch.equal(scale_bits, want_scales.reshape(-1)), "scale bytes"
+
+
 def interpreter_checks():
+    quantized = [
+        ("quantized,mxfp4,gqa-rows,bf16", (2, 2, 2, 4, 200, 64, torch.bfloat16, "prefix", 3, "mxfp4", False)),
+        ("quantized,mxfp8,heads-inner,fp16", (2, 4, 2, 1, 150, 32, torch.float16, "additive", 2, "mxfp8", True)),
+        ("quantized,mxfp4,one-split", (1, 2, 1, 2, 90, 128, torch.bfloat16, None, 1, "mxfp4", True)),
+    ]
     cases = [
         ("prefix-mask,gqa,bf16", (2, 4, 2, 4, 200, 64, torch.bfloat16, "prefix", 3)),
         ("no-mask,fp16,one-row", (1, 2, 2, 1, 320, 128, torch.float16, None, 2)),
@@ -211,32 +275,40 @@ def interpreter_checks():
     ]
     import functools
 
-    return [(f"decode_attention[{name}]", functools.partial(_check, *args)) for name, args in cases]
+    return ([(f"decode_attention[{name}]", functools.partial(_check, *args)) for name, args in cases]
+            + [(f"decode_attention[{name}]", functools.partial(_check_quantized, *args)) for name, args in quantized])
 
 
 def compile_specs():
     """The kernel for sm_90a: BF16 and FP16, head dims 64 and 128, with and without a bias, several
-    splits (the last one combines) or one (DIRECT)."""
+    splits (the last one combines) or one (DIRECT); and the QUANT builds of head dim 128 with a bias
+    (what a compiled MX model's decode step runs), MXFP4 and MXFP8."""
     from tilefly.compile_check import KernelSpec
 
     # the pointers and the K/V/query strides and split length are multiples of 16 on a real cache, and
     # Triton specializes on it: only then do the K and V loads become pipelined 16-byte async copies
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(10), *range(15, 25))}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(12), *range(17, 27))}
+    plain = [(d, has_bias, direct, None) for d in (64, 128) for has_bias, direct in ((False, False), (True, False),
+                                                                                     (True, True))]
+    quantized = [(128, True, direct, fmt) for direct in (False, True) for fmt in ("mxfp4", "mxfp8")]
     specs = []
     for dtype in ("bf16", "fp16"):
-        for d in (64, 128):
-            for has_bias, direct in ((False, False), (True, False), (True, True)):
-                sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
-                       "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "ticket_ptr": "*i32",
-                       "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "scale_log2": "fp32",
-                       **{n: "i32" for n in ("Sq", "Sk", "H", "GROUP", "keys_per_split", "sq_b", "sq_h", "sq_m",
-                                             "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sb_b", "sb_h", "sb_m",
-                                             "sb_n", "so_b", "so_h", "so_m")},
-                       **{n: "constexpr" for n in ("D", "BLOCK_M", "BLOCK_N", "SCAN", "HAS_BIAS", "DIRECT", "UPCAST")}}
-                name = f"attention.decode_split[{dtype},d={d},bias={int(has_bias)},direct={int(direct)}]"
-                specs.append(KernelSpec(name, _split_kernel, sig,
-                                        dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=DEFAULT.block_n, SCAN=SCAN,
-                                             HAS_BIAS=has_bias, DIRECT=direct, UPCAST=False),
-                                        attrs=aligned, num_warps=DEFAULT.num_warps, num_stages=DEFAULT.num_stages,
-                                        sass_must_contain=("HMMA", "LDGSTS") + (() if direct else ("ATOMG.E.ADD",))))
+        for d, has_bias, direct, fmt in plain + quantized:
+            sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
+                   "o_part_ptr": "*fp32", "m_part_ptr": "*fp32", "l_part_ptr": "*fp32", "ticket_ptr": "*i32",
+                   "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "data_ptr": "*u8" if fmt else "*fp32",
+                   "scale_ptr": "*u8" if fmt else "*fp32", "scale_log2": "fp32",
+                   **{n: "i32" for n in ("Sq", "Sk", "H", "GROUP", "keys_per_split", "sq_b", "sq_h", "sq_m",
+                                         "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sb_b", "sb_h", "sb_m",
+                                         "sb_n", "so_b", "so_h", "so_m")},
+                   **{n: "constexpr" for n in ("D", "BLOCK_M", "BLOCK_N", "SCAN", "HAS_BIAS", "DIRECT", "UPCAST",
+                                               "QUANT", "FP4", "EMAX")}}
+            name = f"attention.decode_split[{dtype},d={d},bias={int(has_bias)},direct={int(direct)}" + (
+                f",{fmt}]" if fmt else "]")
+            mx = dict(QUANT=fmt is not None, FP4=fmt == "mxfp4", EMAX={"mxfp4": 2, "mxfp8": 8}.get(fmt, 0))
+            specs.append(KernelSpec(name, _split_kernel, sig,
+                                    dict(D=d, BLOCK_M=BLOCK_M, BLOCK_N=DEFAULT.block_n, SCAN=SCAN,
+                                         HAS_BIAS=has_bias, DIRECT=direct, UPCAST=False, **mx),
+                                    attrs=aligned, num_warps=DEFAULT.num_warps, num_stages=DEFAULT.num_stages,
+                                    sass_must_contain=("HMMA", "LDGSTS") + (() if direct else ("ATOMG.E.ADD",))))
     return specs

@@ -54,7 +54,7 @@ import threading
 
 import torch
 
-from tilefly import _device, config
+from tilefly import _device, _dispatch, config
 from tilefly._dispatch import Impl
 from tilefly.ops.attention import backends, database, decode, decode_tuning, formats
 from tilefly.ops.attention.database import Decision
@@ -66,6 +66,7 @@ REROUTE = "sdpa_reroute"
 _ABSENT = 1 << 30   # position of an argument this op does not have: never < len(args)
 
 _tls = threading.local()
+_MASKED_FORWARD: dict[str, "BackendOp"] = {}   # backend -> the CUDA route of its forward op that takes a mask
 
 
 class BackendOp:
@@ -256,6 +257,8 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
     out = []
     for route in backend_ops(dispatch_key):
         if route.direction == "fwd" and "attn_bias" in route.spec.positions:
+            if dispatch_key == "CUDA":
+                _MASKED_FORWARD[route.backend] = route
             out.append(Impl(family, route.op, DECODE, route.decode_predicate, route.serve, dispatch_key,
                             install_reason=route.decode_gate))
         gate = (lambda r=route: _route_reason(r)) if dispatch_key == "CUDA" else None
@@ -264,6 +267,16 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
         out.append(Impl(family, route.op, REROUTE, route.reroute_predicate, route.serve, dispatch_key,
                         install_reason=gate))
     return out
+
+
+def decode_serves(backend: str, q, k, v, bias, scale) -> bool:
+    """Whether the router, as installed now, serves a masked forward call ``(q, k, v, bias, scale=scale)`` of
+    ``backend``'s op ("cudnn" or "efficient") with the decode kernel. tilefly.mx.attention_quant asks, to
+    quantize the output inside that kernel exactly where the call would have run it."""
+    route = _MASKED_FORWARD.get(backend)
+    if bias is None or route is None or not route.decode_live or FAMILY not in _dispatch.installed():
+        return False
+    return route.decide((q, k, v, bias), {"scale": scale}).impl == DECODE
 
 
 def _route_reason(route: BackendOp) -> str | None:

@@ -41,11 +41,20 @@ Layout plan (``decode_split_kernel``, one program per (batch x head, split), num
     output      any strides, the query's dtype; the natural-log log-sum-exp B x H x Sq FP32. A fully
                 masked row (max -inf, sum 0) gets 0, as PyTorch's SDPA gives it, and log-sum-exp
                 -inf; a row of NaN logits gets NaN (its sum is NaN).
+    QUANT       (tilefly.mx.attention_quant: a compiled MX model's o_proj input) the output is not
+                stored: the program rounds its rows to the query's dtype, as the store would, and
+                MX-quantizes them with kernels_quant's helpers (bit-identical to quantizing the
+                stored output). ``so_*`` then place the output in the quantized rows' element order:
+                element offset / 32 is the scale block, so D and the strides are multiples of 32 and
+                a program's [16, D] rows are 16 x D / 32 whole blocks. This saves the quantization
+                kernel that read the output back, one launch a layer in a decode step.
     shared      Triton's pipeline buffers for K and V (num_stages x 2 x BLOCK_N x D x 2 bytes);
                 registers: the accumulator (16 x D / (32 x num_warps) FP32 a thread).
 """
 import triton
 import triton.language as tl
+
+from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, store_blocks
 
 LOG2E = tl.constexpr(1.4426950408889634)
 NEG_INF = tl.constexpr(float("-inf"))
@@ -54,10 +63,11 @@ MASK_FLOOR = tl.constexpr(-65504.0)     # a bias at or below this masks its key 
 
 @triton.jit
 def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l_part_ptr, ticket_ptr, out_ptr, lse_ptr,
-                        scale_log2, Sq, Sk, H, GROUP, keys_per_split,
+                        data_ptr, scale_ptr, scale_log2, Sq, Sk, H, GROUP, keys_per_split,
                         sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sb_b, sb_h, sb_m, sb_n, so_b, so_h, so_m,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, UPCAST: tl.constexpr,
+                        QUANT: tl.constexpr, FP4: tl.constexpr, EMAX: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -121,7 +131,8 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
         m_i = m_new
 
     if DIRECT:     # one split: this program's sums are the row's
-        _store_rows(out_ptr, lse_ptr, acc, m_i, l_i, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m)
+        _store_rows(out_ptr, lse_ptr, data_ptr, scale_ptr, acc, m_i, l_i, b, h, bh, rows, dims, row_live, Sq,
+                    so_b, so_h, so_m, D, BLOCK_M, QUANT, FP4, EMAX)
     else:
         part = bh * splits + split
         tl.store(o_part_ptr + (part * BLOCK_M + rows[:, None]).to(tl.int64) * D + dims[None, :], acc)
@@ -144,18 +155,33 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, m_part_ptr, l
                 acc = acc * keep[:, None] + o_s * take[:, None]
                 total = total * keep + l_s * take
                 m_run = m_new
-            _store_rows(out_ptr, lse_ptr, acc, m_run, total, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m)
+            _store_rows(out_ptr, lse_ptr, data_ptr, scale_ptr, acc, m_run, total, b, h, bh, rows, dims, row_live, Sq,
+                        so_b, so_h, so_m, D, BLOCK_M, QUANT, FP4, EMAX)
             tl.atomic_xchg(ticket_ptr + bh, 0, sem="relaxed", scope="gpu")    # zero for the next launch
 
 
 @triton.jit
-def _store_rows(out_ptr, lse_ptr, acc, m, l, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m):
-    """out = acc / l in the output's dtype and strides, lse = ln(sum exp) from the base-2 max m and
-    sum l; a fully masked row (m = -inf, l = 0) gets 0 and -inf. A row whose logits are all NaN also
-    keeps m = -inf (the GPU's max drops NaN), but its l is NaN: it gets NaN, as SDPA gives it."""
+def _store_rows(out_ptr, lse_ptr, data_ptr, scale_ptr, acc, m, l, b, h, bh, rows, dims, row_live, Sq, so_b, so_h, so_m,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, QUANT: tl.constexpr, FP4: tl.constexpr, EMAX: tl.constexpr):
+    """out = acc / l in the output's dtype and strides (QUANT: its MX bytes, header), lse = ln(sum exp)
+    from the base-2 max m and sum l; a fully masked row (m = -inf, l = 0) gets 0 and -inf. A row whose
+    logits are all NaN also keeps m = -inf (the GPU's max drops NaN), but its l is NaN: it gets NaN, as
+    SDPA gives it."""
     masked = (m == NEG_INF) & (l == 0.0)
-    out = tl.where(masked[:, None], 0.0, acc / l[:, None])
-    tl.store(out_ptr + b.to(tl.int64) * so_b + h * so_h + rows[:, None] * so_m + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_live[:, None])
+    out = tl.where(masked[:, None], 0.0, acc / l[:, None]).to(out_ptr.dtype.element_ty)
+    row_at = b.to(tl.int64) * so_b + h * so_h + rows * so_m
+    if QUANT:
+        BLOCKS: tl.constexpr = BLOCK_M * D // SCALE_BLOCK
+        if out_ptr.dtype.element_ty == tl.bfloat16:
+            x = bf16_to_f32(out)
+        else:
+            x = out.to(tl.float32)
+        block = row_at[:, None] // SCALE_BLOCK + tl.arange(0, D // SCALE_BLOCK)[None, :]
+        live = tl.broadcast_to(row_live[:, None], [BLOCK_M, D // SCALE_BLOCK])
+        scale, y = block_scales(tl.reshape(x, [BLOCKS, SCALE_BLOCK]), EMAX)
+        store_blocks(data_ptr, scale_ptr, tl.reshape(block, [BLOCKS]), scale, y, tl.reshape(live, [BLOCKS]), FP4,
+                     BLOCKS)
+    else:
+        tl.store(out_ptr + row_at[:, None] + dims[None, :], out, mask=row_live[:, None])
     lse = tl.where(masked, NEG_INF, (m + tl.math.log2(l)) / LOG2E)
     tl.store(lse_ptr + bh * Sq + rows, lse, mask=row_live)

@@ -25,12 +25,16 @@ from tilefly import _graph_pass
 
 SLOT = "post_grad_custom_post_pass"
 MASK_ARGUMENTS = ("attn_mask", "attn_bias")
+# the MX pass's attention + quantization op (tilefly.mx.attention_quant), which runs before this pass
+FUSED_ATTENTION = "tilefly::attention_mx_quantize"
 
 
 def _mask_positions(target) -> tuple[tuple[int, str], ...]:
-    """(position, name) of the mask arguments of an ATen scaled-dot-product op, else ()."""
-    if not (isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"
-            and "scaled_dot_product" in target._schema.name):
+    """(position, name) of the mask arguments of an ATen scaled-dot-product op (or the MX pass's fused
+    attention op), else ()."""
+    if not (isinstance(target, torch._ops.OpOverload) and (
+            (target.namespace == "aten" and "scaled_dot_product" in target._schema.name)
+            or target._schema.name == FUSED_ATTENTION)):
         return ()
     return tuple((i, a.name) for i, a in enumerate(target._schema.arguments) if a.name in MASK_ARGUMENTS)
 
