@@ -242,7 +242,7 @@ def _check_quantized(b, h, hk, sq, sk, d, dtype, mask, splits, fmt, heads_inner,
 
     spec = formats.ELEMENTS[fmt]
     q, k, v, bias = _inputs(b, h, hk, sq, sk, d, dtype, mask, seed)
-    q[0, 0, 0, :32] *= 2.0 ** -20       # a block far below its neighbours: its own scale
+    v[0, 0, :, :32] *= 2.0 ** -20       # blocks of the output far below their neighbours: scales of their own
     out, _ = run(q, k, v, bias, splits=splits)
     rows = out.transpose(1, 2) if heads_inner else out
     strides = (sq * h * d, d, h * d, 1) if heads_inner else (h * sq * d, sq * d, d, 1)
