@@ -101,12 +101,18 @@ def test_fake_outputs_match_the_op(fmt):
     assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
 
 
-def test_decode_serves_nothing_while_the_attention_family_is_off():
+def test_decode_refusal_says_why_the_kernel_would_not_serve():
+    import tilefly
+    from tilefly.mx.attention_quant import _decoded
     from tilefly.ops.attention import eager
 
     q, k, v, bias = _inputs()
-    assert not eager.decode_serves("cudnn", q, k, v, bias, None)
-    assert not eager.decode_serves("efficient", q, k, v, None, None)
+    assert "family is not enabled" in eager.decode_refusal("cudnn", q, k, v, bias, None)
+    assert "no attention mask" in eager.decode_refusal("efficient", q, k, v, None, None)
+    with tilefly.enabled(["attention"]):
+        assert eager.decode_refusal("cudnn", q, k, v, bias, None) is not None     # no GPU here
+    assert _decoded(q, k, v, bias, None, "cudnn", [256, 64, 256, 1], formats.ELEMENTS["mxfp4"]) == (
+        None, "cpu tensors on the cudnn op")
 
 
 def test_quant_reason_names_what_the_kernel_cannot_quantize():

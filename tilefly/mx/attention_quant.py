@@ -6,7 +6,7 @@ kernel of its own after every layer's attention, about 1.9 µs each plus its lau
 (BENCHMARKS.md session 40). ``tilefly.mx.attention_fusion`` (a step of the post-grad pass,
 ``config.mx_fused_quant``) replaces the attention op, the views and the quantization by this op.
 
-Where tilefly's router would serve the attention call with its decode kernel (``eager.decode_serves``: the
+Where tilefly's router would serve the attention call with its decode kernel (``eager.decode_refusal``: the
 attention family enabled, a mask given, the decode kernel taking the shapes), the kernel quantizes the
 output as it would have stored it (kernels_decode's QUANT: bit-identical). Anywhere else (CPU tensors, the
 attention family off, a call the decode kernel does not take) the op runs what the graph ran: the same
@@ -51,20 +51,27 @@ def _rows_of(out: torch.Tensor, out_strides: list[int], row_len: int) -> torch.T
     return out.as_strided((out.numel() // row_len, row_len), (row_len, 1))
 
 
-def _decoded(q, k, v, attn_bias, scale, backend: str, out_strides: list[int], spec) -> tuple | None:
-    """The decode kernel's quantized output, or None where the router would not serve the call with it."""
+def _decoded(q, k, v, attn_bias, scale, backend: str, out_strides: list[int], spec) -> tuple:
+    """(the decode kernel's quantized output, None), or (None, why not) where the router would not serve
+    the call with that kernel or the kernel failed."""
     if not q.is_cuda or backend == "cpu":
-        return None
+        return None, f"{q.device.type} tensors on the {backend} op"
     from tilefly.ops.attention import decode, eager
 
-    if decode.quant_reason(q.shape[-1], out_strides) is not None or not eager.decode_serves(
-            backend, q, k, v, attn_bias, scale):
-        return None
+    reason = decode.quant_reason(q.shape[-1], out_strides) or eager.decode_refusal(backend, q, k, v, attn_bias,
+                                                                                    scale)
+    if reason is not None:
+        return None, reason
     data = torch.empty(q.numel() // spec.per_byte, dtype=torch.uint8, device=q.device)
     scale_bits = torch.empty(q.numel() // BLOCK, dtype=torch.uint8, device=q.device)
-    decode.run(q, k, v, attn_bias, scale, quant=decode.Quantized(data, scale_bits, spec.name == "mxfp4", spec.emax,
-                                                                  tuple(out_strides[:3])))
-    return data, scale_bits
+    try:
+        decode.run(q, k, v, attn_bias, scale, quant=decode.Quantized(data, scale_bits, spec.name == "mxfp4",
+                                                                      spec.emax, tuple(out_strides[:3])))
+    except Exception as err:  # noqa: BLE001 - a failed launch leaves the graph's own ops to serve
+        _log.warning("tilefly.mx: attention + quantization with the graph's own ops: the decode kernel failed: "
+                     "%s: %s", type(err).__name__, err)
+        return None, f"the decode kernel failed: {type(err).__name__}"
+    return (data, scale_bits), None
 
 
 @torch.library.custom_op("tilefly::attention_mx_quantize", mutates_args=())
@@ -74,10 +81,11 @@ def attention_mx_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, att
     """The MX bytes of an attention call's output rows: see the module docstring."""
     spec = formats.ELEMENTS[fmt]
     rows = q.numel() // row_len
-    decoded = _decoded(q, k, v, attn_bias, scale, backend, out_strides, spec)
+    decoded, reason = _decoded(q, k, v, attn_bias, scale, backend, out_strides, spec)
     if decoded is not None:
         data, scale_bits = decoded
         return data.view(rows, row_len // spec.per_byte), scale_bits.view(rows, row_len // BLOCK)
+    _log.debug("tilefly.mx: attention + quantization with the graph's own ops: %s", reason)
     out = attention_output(q, k, v, attn_bias, scale, compute_log_sumexp, backend)
     data, scale_bits = quantize_rows(_rows_of(out, out_strides, row_len), spec)
     return data.view(torch.uint8), scale_bits

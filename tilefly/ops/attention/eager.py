@@ -269,14 +269,20 @@ def impls(dispatch_key: str = "CUDA", family: str = FAMILY) -> list[Impl]:
     return out
 
 
-def decode_serves(backend: str, q, k, v, bias, scale) -> bool:
-    """Whether the router, as installed now, serves a masked forward call ``(q, k, v, bias, scale=scale)`` of
-    ``backend``'s op ("cudnn" or "efficient") with the decode kernel. tilefly.mx.attention_quant asks, to
-    quantize the output inside that kernel exactly where the call would have run it."""
+def decode_refusal(backend: str, q, k, v, bias, scale) -> str | None:
+    """Why the router, as installed now, would not serve a masked forward call ``(q, k, v, bias,
+    scale=scale)`` of ``backend``'s op ("cudnn" or "efficient") with the decode kernel; None where it
+    would. tilefly.mx.attention_quant asks, to quantize the output inside that kernel exactly where the
+    call would have run it."""
     route = _MASKED_FORWARD.get(backend)
-    if bias is None or route is None or not route.decode_live or FAMILY not in _dispatch.installed():
-        return False
-    return route.decide((q, k, v, bias), {"scale": scale}).impl == DECODE
+    if bias is None:
+        return "no attention mask (the decode entry serves masked calls)"
+    if route is None or FAMILY not in _dispatch.installed():
+        return f"the {FAMILY} family is not enabled"
+    if not route.decode_live:
+        return _decode_reason() or "the decode entry is not installed"
+    decision = route.decide((q, k, v, bias), {"scale": scale})
+    return None if decision.impl == DECODE else decision.reason or f"database picks {decision.impl}"
 
 
 def _route_reason(route: BackendOp) -> str | None:
