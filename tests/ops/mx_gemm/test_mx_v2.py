@@ -56,7 +56,7 @@ def test_v2_is_offered_next_to_v1(fmt, rows, cols):
 
 @pytest.mark.parametrize("fmt, rows, cols, name", [
     ("mxfp8", 4096, 32, "mx2_64x32"), ("mxfp4", 4096, 32, "mx2_64x32"), ("mxfp8", 4096, 8, "mx2_64x8"),
-    ("mxfp4", 4096, 8, "mx2_128x8"), ("mxfp8", 14336, 32, "mx2_128x32"), ("mxfp4", 14336, 32, "mx2_64x32"),
+    ("mxfp4", 4096, 8, "mx2_128x8"), ("mxfp8", 14336, 32, "mx2_128x32"), ("mxfp4", 14336, 32, "mx2_128x32"), ("mxfp4", 28672, 32, "mx2_64x32"),
     ("mxfp8", 4096, 64, "mx2_64x64"), ("mxfp4", 4096, 64, "mx4_64x64"), ("mxfp8", 4096, 33, "mx2_64x64"),
     ("mxfp4", 4096, 65, "mx2_64x64"), ("mxfp8", 8192, 8192, "mx2_64x64")])
 def test_pick_follows_the_h200_suite(fmt, rows, cols, name):

@@ -288,10 +288,11 @@ def staged_rows(rows: int, cols: int, k: int, fmt: str) -> int:
     otherwise. Decode probe at 51e6b28 (BENCHMARKS.md session 23), us over ring depths, 64 / 128 rows:
     MXFP8 32 x 4096 x 4096 14.5-15.1 / 17.9-18.9, 32 x 4096 x 14336 27.3-33.3 / 29.1-29.9, 32 x 14336 x
     4096 25.9-31.5 / 24.6-25.7, 8 x 4096 x 4096 11.4-12.7 / 11.8-13.1; MXFP4 32 x 4096 x 4096 17.6-18.6 /
-    19.9-20.8, 32 x 4096 x 14336 41.2-47.2 / 37.0-38.0, 8 x 4096 x 4096 15.7-16.2 / 14.4-16.4. MXFP4 at 17-32
-    tokens (the folded builds) takes 64 rows at K <= 4096 whatever the rows: decode probe at 60e419a (session
-    40), 32 x 28672 x 4096 45.0 / 46.4 us."""
-    if fmt == "mxfp4" and 16 < cols <= 32 and k <= 4096:
+    19.9-20.8, 32 x 4096 x 14336 41.2-47.2 / 37.0-38.0, 8 x 4096 x 4096 15.7-16.2 / 14.4-16.4. The folded MXFP4
+    builds (17-32 tokens) at K <= 4096 take 64 rows beyond 16384 rows too: decode probe at 19a30c2
+    (BENCHMARKS.md session 41), 64 / 128 rows, 32 x 28672 x 4096 45.1 / 46.4-46.8 us, but 32 x 14336 x 4096
+    29.0 / 26.4."""
+    if fmt == "mxfp4" and 16 < cols <= 32 and k <= 4096 and rows > 16384:
         return 64
     if rows >= 8192 or (fmt == "mxfp4" and (k > 4096 or cols <= 8)):
         return 128
