@@ -6,8 +6,9 @@ called by that name in the wrapper. MX layers (MXLinear) are no Inductor choice:
 calls of the custom op ``tilefly::mx_linear_mm``, or of ``tilefly::mx_linear_mm_packed`` for sibling
 layers of one input (tilefly.mx.siblings), whose F.scaled_mm tilefly's override serves at run time
 (side B; the decode profile names the kernel); ``tilefly::add_rms_norm_mx_quantize``,
-``tilefly::silu_mul_mx_quantize`` and ``tilefly::attention_mx_quantize`` calls are counted too (config.mx_fused_quant). Graphs loaded from
-Inductor's FX graph cache generate no code, so nothing is captured for them (``picks`` then says so).
+``tilefly::silu_mul_mx_quantize`` and ``tilefly::attention_mx_quantize`` calls are counted too
+(config.mx_fused_quant). Graphs loaded from Inductor's FX graph cache generate no code, so nothing is
+captured for them (``picks`` then says so).
 
 ``record_races`` keeps what Inductor measured when it chose each GEMM's kernel (its feedback-saver
 hook): the best time of each family (tilefly, Triton template, ATen) and the winner. The code shows

@@ -160,10 +160,10 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
     else:
         bias_arg = bias.expand(b, h, sq, sk)
         bias_strides = bias_arg.stride()
-    if quant is None:
+    if quant is None:           # data and scale_bits are never touched: lse stands in for them
         data, scale_bits, out_strides = lse, lse, out.stride()[:3]
         mx = dict(QUANT=False, FP4=False, EMAX=0)
-    else:
+    else:                       # no output is stored: q stands in for it (its dtype is the rounding's)
         data, scale_bits, out_strides = quant.data, quant.scale_bits, quant.strides
         mx = dict(QUANT=True, FP4=quant.fp4, EMAX=quant.emax)
     ints = (scale / math.log(2), sq, sk, h, h // k.shape[1], per_split, *q.stride()[:3], *k.stride()[:3],
