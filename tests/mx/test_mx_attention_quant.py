@@ -122,3 +122,41 @@ def test_quant_reason_names_what_the_kernel_cannot_quantize():
     assert "head dim 16" in decode.quant_reason(16, (64, 16, 16, 1))
     assert "strides" in decode.quant_reason(64, (640, 80, 80, 1))
     assert "strides" in decode.quant_reason(64, (64, 1, 64, 64))
+
+
+def test_every_layers_o_proj_input_fuses_in_a_static_cache_decode_step(monkeypatch, compile_fused, reference):
+    """The pattern as a transformers Llama decode step over a static cache traces it (e2e's grouped
+    attention, MXFP4 layers, the CUDA path's opaque quantization forced on CPU; head dim 32): one fused
+    call a layer, and logits as near eager mode's as the unfused compile's. (Not its bits: the pass changes
+    Inductor's graph, so its fusions of the rope and the norms round elsewhere, and one BF16 ulp moves an
+    E2M1 code.)"""
+    from transformers import AutoModelForCausalLM
+
+    from tilefly.bench.e2e import engine, models
+    from tilefly.mx import linear
+
+    monkeypatch.setattr(linear, "_quantize_as_op", lambda rows: torch.compiler.is_compiling())
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)   # the pass must run
+    config = models.hf_config("tiny")
+    config.head_dim = 32
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval().requires_grad_(False)
+    models.apply_precision(model, "mxfp4", backend="scaled_mm", swizzle="none")
+    prompt = torch.randint(0, config.vocab_size, (2, 5))
+
+    def decode(fused):
+        cache = engine.new_cache(model, 2, 16)
+        with torch.no_grad():
+            ids, _ = engine.prefill_step(model, cache, prompt)
+            if fused is None:
+                return engine.decode_step(model, cache, ids)[1], ""
+        (_, logits), code = compile_fused(lambda ids: engine.decode_step(model, cache, ids), ids, fused=fused)
+        return logits, code
+
+    eager, _ = decode(None)
+    logits, code = decode(True)
+    assert code.count(FUSED) == config.num_hidden_layers
+    unfused, code = decode(False)
+    assert FUSED not in code
+    for got in (logits, unfused):
+        torch.testing.assert_close(got, eager, rtol=0, atol=0.1 * eager.abs().max().item())
