@@ -152,11 +152,8 @@ def max_byte(word):
 
 @gluon.jit
 def min_byte(word):
-    """The smallest of the four bytes of int32 scale words."""
-    low = word & 255
-    for j in gl.static_range(1, BLOCKS_PER_SLOT):
-        low = gl.minimum(low, (word >> (8 * j)) & 255)
-    return low
+    """The smallest of the four bytes of int32 scale words: 255 minus the largest of their complements."""
+    return 255 - max_byte(word ^ -1)
 
 
 @gluon.jit
