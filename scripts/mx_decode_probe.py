@@ -10,7 +10,8 @@ The mxfp_gemm suite read the best MX config of 32 x 4096 x 4096 at 22 µs where 
   call when the host is slower than the GPU) against ``torch.mm``'s.
 
     python scripts/mx_decode_probe.py [--fmt mxfp8,mxfp4] [--shape 32x4096x4096 ...] [--kernels 2,3] [--profile]
-                                      [--picked --splits auto,2,4,8 --json FILE --commit SHA] [--only _xr_fy]
+                                      [--picked [--expanded] --splits auto,2,4,8 --json FILE --commit SHA]
+                                      [--only _xr_fy]
 
 ``--json`` writes every timed row; ``python -m tilefly.ops.mx_gemm.split_tuning FILE`` turns the picked
 build's rows into the GPU's split tuning database (the fastest count per shape).
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--picked", action="store_true",
                     help="time only the pick's build (over --splits): a quick sweep for the split planner")
     ap.add_argument("--host-profile", action="store_true")
+    ap.add_argument("--expanded", action="store_true", help="with --picked: also time the MXFP4 fold pick reading "
+                    "the activation expanded (tilefly.mx.expanded)")
     ap.add_argument("--only", help="time only the builds whose name contains this (e.g. _xr_fy)")
     ap.add_argument("--json", help="also write every timed row here (the split tuning database's input: "
                     "python -m tilefly.ops.mx_gemm.split_tuning FILE)")
@@ -122,6 +125,8 @@ def main() -> None:
                   f"MX weight {w_bytes / 1e6:.1f} MB; pick {picked.name}", flush=True)
             if args.picked:
                 base, more = [replace(picked, max_splits=32)], []
+                if args.expanded and picked.fold_y:
+                    more = [replace(picked, max_splits=32, expanded_y=1)]
             else:
                 base, more = variants(rows, cols, k, fmt, tuple(int(v) for v in args.kernels.split(",")))
                 if args.only:
@@ -137,8 +142,15 @@ def main() -> None:
                     chosen_splits.clear()
                     try:
                         fn = (lambda cfg=cfg: launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=cfg))
+                        if cfg.expanded_y:
+                            fn = _with_expanded(fn, a)
                         fn()
                         torch.cuda.synchronize()
+                        if cfg.expanded_y:   # the same bits as the picked build's
+                            launch.run(p, a.data, b.data.t(), a.scale, b.scale, ref_out := torch.empty_like(out))
+                            torch.cuda.synchronize()
+                            print(f"  {cfg.name}: output {'equals' if torch.equal(out, ref_out) else 'DIFFERS FROM'} "
+                                  f"the picked build's")
                         us = measure(fn, QUICK).median_us
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         print(f"  {cfg.name} splits={splits}: {type(exc).__name__}: {str(exc)[:120]}")
@@ -185,6 +197,15 @@ def main() -> None:
             torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+
+
+def _with_expanded(fn, a):
+    """``fn`` run with the activation's expanded copy on offer (tilefly.mx.expanded)."""
+    from tilefly.mx import expanded
+
+    bits = a.data.view(torch.uint8)
+    copy = expanded.expand_rows_ops(bits, a.scale.view(torch.uint8))
+    return lambda: expanded.offering(fn, bits, *copy)
 
 
 def _eager_call(a, b):

@@ -89,6 +89,7 @@ class MXConfig:
     pdl: bool = False         # v2 / v4: programmatic dependent launch (config.mx_pdl; kernels_v2, PDL)
     prefetch_x: bool = False  # v2 with pdl: X (constant weight rows) streamed in before the wait (PREFETCH_X)
     fold_y: int = 0           # v2, MXFP4, staged: 1 folds Y's block scales into its unpacked values (FOLD_Y)
+    expanded_y: int = 0       # v2 fold_y with x_regs: 1 reads Y already expanded to FP8 (Y_EXPANDED; launch.py)
 
     @property
     def name(self) -> str:
@@ -97,7 +98,7 @@ class MXConfig:
         staged = f"_ss{self.scale_slots}" if self.scale_slots else ""
         regs = "_xr" if self.x_regs else ""
         pdl = ("_pdlpf" if self.prefetch_x else "_pdl") if self.pdl else ""
-        fold = "_fy" if self.fold_y else ""
+        fold = ("_ey" if self.expanded_y else "_fy") if self.fold_y else ""
         return (f"{prefix}{self.block_m}x{self.block_n}_s{self.stages}_w{self.num_warps}_k{self.max_splits}"
                 f"{sets}{staged}{regs}{fold}{pdl}")
 
@@ -107,11 +108,15 @@ class MXConfig:
         return SCALE_BLOCK if self.kernel == 1 else V2_BLOCK_K
 
     def row_bytes(self, fmt: str) -> int:
-        """Bytes one operand row brings per slot (the TMA box width)."""
+        """Bytes one X row brings per slot (the TMA box width)."""
         return self.block_k if fmt == "mxfp8" else self.block_k // 2
 
+    def y_row_bytes(self, fmt: str) -> int:
+        """Bytes one Y row brings per slot: X's, or an FP8 byte a K element when Y comes expanded."""
+        return self.block_k if self.expanded_y else self.row_bytes(fmt)
+
     def item_bytes(self, fmt: str) -> int:
-        return (self.block_m + self.block_n) * self.row_bytes(fmt)
+        return self.block_m * self.row_bytes(fmt) + self.block_n * self.y_row_bytes(fmt)
 
     def smem_bytes(self, fmt: str) -> int:
         if self.kernel == 3:    # bf16_sets sets of four BF16 K-block buffers (kernels_v3.py)
@@ -119,7 +124,8 @@ class MXConfig:
                     + SMEM_RESERVE)
         buffers = 2 if self.kernel == 2 else 1     # v2 unpacks the next slot while one multiplies
         x_rows = 0 if self.kernel == 2 and self.x_regs else self.block_m    # v2 X_REGS: X never unpacked to smem
-        unpacked = buffers * (x_rows + self.block_n) * self.block_k if fmt == "mxfp4" else 0
+        y_rows = 0 if self.expanded_y else self.block_n                   # expanded Y: read from the ring
+        unpacked = buffers * (x_rows + y_rows) * self.block_k if fmt == "mxfp4" else 0
         staged = self.scale_slots * (self.block_m + self.block_n) * 4     # int32 scale words
         return self.stages * self.item_bytes(fmt) + unpacked + staged + SMEM_RESERVE
 
@@ -144,6 +150,10 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
                        or cfg.block_n < 8 * cfg.num_warps):
         return ("fold_y is an MXFP4 build of kernel 2 with staged scales and at least 8 Y rows a warp "
                 "(one K-block of one row a thread in Y's unpack)")
+    if cfg.expanded_y not in (0, 1):
+        return "expanded_y must be 0 or 1 (1: Y read already expanded to FP8)"
+    if cfg.expanded_y and not (cfg.fold_y and cfg.x_regs):
+        return "expanded_y is a fold_y build with x_regs (Y expanded, X unpacked in registers)"
     if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
     if cfg.x_regs and (cfg.kernel not in (2, 4) or fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
@@ -237,6 +247,13 @@ def v2_fold_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """``v2_regs_configs`` that also fold Y's block scales into its unpacked values (kernels_v2, FOLD_Y):
     tiles of at least 32 tokens over one warpgroup. ``pick`` runs them at 32 tokens."""
     out = [replace(c, fold_y=1) for c in v2_regs_configs(rows, cols, k, fmt)]
+    return [c for c in out if static_reason(c, fmt) is None]
+
+
+def v2_expanded_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """``v2_fold_configs`` that read Y already expanded (kernels_v2, Y_EXPANDED): what the launcher runs in
+    place of a folded pick when the activation's quantization offers its expanded copy (tilefly.mx.expanded)."""
+    out = [replace(c, expanded_y=1) for c in v2_fold_configs(rows, cols, k, fmt)]
     return [c for c in out if static_reason(c, fmt) is None]
 
 
@@ -365,11 +382,12 @@ def kernel_signature(cfg: MXConfig, fmt: str, x_swizzled: bool, y_swizzled: bool
     elem, ty = (gl.float8e4nv, "fp8e4nv") if fmt == "mxfp8" else (gl.uint8, "u8")
     width = cfg.row_bytes(fmt)
 
-    def desc(rows: int) -> str:
+    def desc(rows: int, width: int = width, elem=elem, ty: str = ty) -> str:
         layout = gl.NVMMASharedLayout.get_default_for([rows, width], elem)
         return f"tensordesc<{ty}[{rows}, {width}],{layout!r}>"
 
-    sig = {"x_desc": desc(cfg.block_m), "y_desc": desc(cfg.block_n), "sx_ptr": "*u8", "sy_ptr": "*u8",
+    y_desc = desc(cfg.block_n, cfg.y_row_bytes(fmt), gl.float8e4nv, "fp8e4nv") if cfg.expanded_y else desc(cfg.block_n)
+    sig = {"x_desc": desc(cfg.block_m), "y_desc": y_desc, "sx_ptr": "*u8", "sy_ptr": "*u8",
            "c_ptr": f"*{out}", "bias_ptr": f"*{out}", "ws_ptr": "*fp32", "ticket_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "stride_sxr": "i32", "stride_sxc": "i32", "stride_syr": "i32",
            "stride_syc": "i32", "stride_cm": "i32", "stride_cn": "i32", "stride_bias": "i32",
@@ -393,7 +411,7 @@ def build_constexprs(cfg: MXConfig) -> dict:
     if cfg.kernel in (2, 4):
         flags.update(SCALE_SLOTS=cfg.scale_slots, X_REGS=cfg.x_regs, PDL=cfg.pdl)
     if cfg.kernel == 2:
-        flags.update(PREFETCH_X=cfg.prefetch_x, FOLD_Y=cfg.fold_y)
+        flags.update(PREFETCH_X=cfg.prefetch_x, FOLD_Y=cfg.fold_y, Y_EXPANDED=cfg.expanded_y)
     flags.update(num_warps=cfg.num_warps)
     return flags
 
@@ -456,7 +474,7 @@ def compile_specs():
         for cfg4 in v4_configs(4096, 32, 4096, fmt) + v4_regs_configs(4096, 32, 4096, fmt):
             variants.append((fmt, cfg4, True, True, 1, "fp16", False, False))   # shipped() has the plain build
         for shape in ((4096, 8, 4096), (4096, 16, 4096), (4096, 32, 4096), (4096, 64, 4096)):
-            for cfg2r in v2_regs_configs(*shape, fmt) + v2_fold_configs(*shape, fmt):  # every X_REGS and FOLD_Y tile
+            for cfg2r in v2_regs_configs(*shape, fmt) + v2_fold_configs(*shape, fmt) + v2_expanded_configs(*shape, fmt):
                 for variant in ((fmt, cfg2r, False, False, 0, "bf16", True, True),
                                 (fmt, cfg2r, True, True, 1, "fp16", False, False)):
                     if variant not in variants:
@@ -469,6 +487,9 @@ def compile_specs():
         decode = pick(14336, 32, 4096, fmt)
         if decode.kernel == 2:
             variants.append((fmt, replace(decode, pdl=True, prefetch_x=True), False, False, 0, "bf16", True, True))
+            if decode.fold_y:   # what a compiled MXFP4 decode step runs (tilefly.mx.expanded)
+                variants.append((fmt, replace(decode, pdl=True, prefetch_x=True, expanded_y=1), False, False, 0,
+                                 "bf16", True, True))
         for cfg3 in v3_configs(4096, 64, 4096, fmt):   # 33-64 tokens, not among SHIPPED_SHAPES
             variants.append((fmt, cfg3, False, False, 0, "bf16", True, True))
             variants.append((fmt, cfg3, True, True, 1, "fp16", False, False))

@@ -89,6 +89,17 @@ stacked along M for BLOCK_M = 128):
                     on normal FP32 values, so the output bits are the unfolded build's; only outputs in FP32's
                     subnormal range can differ (the folded accumulator rounds once, not per block). Other
                     programs take the unfolded path.
+    Y_EXPANDED      (FOLD_Y with X_REGS; ``configs.MXConfig.expanded_y``, what the launcher runs when the activation's
+                    quantization also wrote it expanded, tilefly.mx.expanded) Y arrives as E4M3 bytes already in the
+                    unpack's order with its block scales folded in (or, on a row whose scales span too far, the exact
+                    E2M1 values), and its scales as one byte per block that says so: the row's top for a folded row,
+                    the block's own otherwise. The ring then holds [BLOCK_N, 128] FP8 Y tiles (128-byte swizzle)
+                    that the wgmma reads in place: no Y unpack, no unpacked buffers, no fence, and one wait per slot
+                    at its start. X still comes shifted (2^-6) from registers, so every product is 2^-6 of the true
+                    one (``add_block``'s PRODUCT_EXP = FOLDED_PRODUCT_EXP) and a program folds when its Y scales are
+                    constant along its K-range. Why: the unpack of a 32-token Y slot and the CTA barrier after it cost
+                    a 32 x 28672 x 4096 GEMM about 16 % of its time (BENCHMARKS.md session 41, the no-Y-unpack
+                    timing experiment).
     PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
                     starts with ``wait_prior_grid``: its launch overlaps the kernel ahead, its loads wait.
                     With ``PREFETCH_X`` as well (MXConfig.prefetch_x: X holds constant weight rows,
@@ -180,6 +191,14 @@ def unpack_y_slot(packed, unpacked, words, top, folded, ROWS: gl.constexpr, num_
 
 
 @gluon.jit
+def issue_slot(x_desc, y_desc, x_bufs, y_bufs, bars, item, off_m, off_n, slot_k, STAGES: gl.constexpr, pred):
+    """The TMA copies of ring slot ``item`` (K slot ``slot_k``): X and Y boxes of their own widths (Y_EXPANDED
+    brings 128 FP8 bytes a row where X brings 64 packed ones)."""
+    issue_load_a(x_desc, y_desc, x_bufs, bars, item, off_m, slot_k * x_desc.block_type.shape[1], True, STAGES, pred)
+    issue_load_b(y_desc, y_bufs, bars, item, off_n, slot_k * y_desc.block_type.shape[1], True, STAGES, pred)
+
+
+@gluon.jit
 def x_blocks(x_tiles):
     """The wgmma A operands of a slot's four scale blocks: 32-byte K slices of the unpacked X tile."""
     return x_block(x_tiles, 0), x_block(x_tiles, 1), x_block(x_tiles, 2), x_block(x_tiles, 3)
@@ -263,14 +282,16 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
                       X_SWIZZLED: gl.constexpr, Y_SWIZZLED: gl.constexpr, X_WORDS: gl.constexpr,
                       Y_WORDS: gl.constexpr, BIAS: gl.constexpr, C_ROWS_CONTIGUOUS: gl.constexpr,
                       STAGES: gl.constexpr, SCALE_SLOTS: gl.constexpr, X_REGS: gl.constexpr, PDL: gl.constexpr,
-                      PREFETCH_X: gl.constexpr, FOLD_Y: gl.constexpr, num_warps: gl.constexpr):
+                      PREFETCH_X: gl.constexpr, FOLD_Y: gl.constexpr, Y_EXPANDED: gl.constexpr,
+                      num_warps: gl.constexpr):
     gl.static_assert(PDL or not PREFETCH_X, "PREFETCH_X streams X in before the PDL wait: PDL builds only")
     if PDL and not PREFETCH_X:   # launched early (PDL): nothing read may predate the kernel ahead
         wait_prior_grid()
     acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, 8)
-    SLOT_BYTES: gl.constexpr = x_desc.block_type.shape[1]     # 128 (FP8) or 64 (packed FP4)
     STAGED: gl.constexpr = SCALE_SLOTS > 0
-    PRODUCT_EXP: gl.constexpr = SHIFTED_PRODUCT_EXP if FP4 else 0
+    # X shifted by the unpack (2^-6) and Y as unpacked (2^-6) or expanded (its folded values or the exact ones)
+    PRODUCT_EXP: gl.constexpr = (FOLDED_PRODUCT_EXP if Y_EXPANDED else SHIFTED_PRODUCT_EXP) if FP4 else 0
+    Y_UNPACKED: gl.constexpr = FP4 and not Y_EXPANDED
     PREFETCH_SCALES: gl.constexpr = X_WORDS and Y_WORDS and not STAGED
     tile, off_m, off_n, split, num_splits = splitk_tile(N, BLOCK_M, BLOCK_N)
     k_blocks = K // SCALE_BLOCK
@@ -282,8 +303,8 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         # ahead finishes; Y (this step's activations) and every scale wait for it.
         x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
         for i in gl.static_range(STAGES):
-            issue_load_a(x_desc, y_desc, x_bufs, bars, i, off_m, (slot_first + i) * SLOT_BYTES, True, STAGES,
-                         pred=i < k_slots)
+            issue_load_a(x_desc, y_desc, x_bufs, bars, i, off_m, (slot_first + i) * x_desc.block_type.shape[1],
+                         True, STAGES, pred=i < k_slots)
         wait_prior_grid()
     if STAGED:
         # Issued before the ring, so these loads are not queued behind its operand bytes.
@@ -296,18 +317,19 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         x_bufs, y_bufs, bars = alloc_ring(x_desc, y_desc, STAGES)
     gl.static_assert(not X_REGS or (FP4 and num_warps == 4), "X from registers: MXFP4, one warpgroup")
     gl.static_assert(not FOLD_Y or (FP4 and STAGED), "Y's scales fold into its unpack: MXFP4, staged scales")
+    gl.static_assert(not Y_EXPANDED or (FOLD_Y == 1 and X_REGS == 1), "expanded Y: a FOLD_Y build, X from registers")
     if FP4 and not X_REGS:
         x_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_K],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
-    if FP4:
+    if Y_UNPACKED:
         y_fp8 = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, BLOCK_K],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
     for i in gl.static_range(STAGES):
         if PREFETCH_X:
-            issue_load_b(y_desc, y_bufs, bars, i, off_n, (slot_first + i) * SLOT_BYTES, True, STAGES, pred=i < k_slots)
+            issue_load_b(y_desc, y_bufs, bars, i, off_n, (slot_first + i) * y_desc.block_type.shape[1], True, STAGES,
+                         pred=i < k_slots)
         else:
-            issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, (slot_first + i) * SLOT_BYTES,
-                       True, True, STAGES, pred=i < k_slots)
+            issue_slot(x_desc, y_desc, x_bufs, y_bufs, bars, i, off_m, off_n, slot_first + i, STAGES, i < k_slots)
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
@@ -316,9 +338,12 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         moderate, plain = program_scale_paths(staged_x, staged_y)
         if FOLD_Y:
             # Per program: every Y row (token) within 2^FOLD_SPAN of its largest scale over the K-range.
+            # Expanded: every Y row's (effective) scale constant over the K-range, its values already folded.
             y_top, y_span = program_tops(staged_y, k_slots, SCALE_SLOTS)
-            folded = plain & (gl.max(y_span, axis=0) <= FOLD_SPAN)
-            y_top_unpack = gl.convert_layout(y_top, gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps))))
+            folded = plain & (gl.max(y_span, axis=0) <= (0 if Y_EXPANDED else FOLD_SPAN))
+            if not Y_EXPANDED:
+                y_top_unpack = gl.convert_layout(y_top,
+                                                 gl.SliceLayout(1, gl.SliceLayout(2, block_layout3(num_warps))))
         words_x = stage_words(staged_x, BLOCK_M, SCALE_SLOTS)
         words_y = stage_words(staged_y, BLOCK_N, SCALE_SLOTS)
         gl.thread_barrier()
@@ -334,7 +359,7 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     # replaces (retired and scaled before), so no in-flight accumulator is ever copied.
     even = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     odd = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-    if FP4:
+    if Y_UNPACKED:
         wait_ready(bars, 0, STAGES)
         if not X_REGS:
             unpack_fp4_slot(x_bufs.index(0), x_fp8.index(0), BLOCK_M, num_warps)
@@ -348,10 +373,13 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
     for s in range(k_slots):
         slot = s % STAGES
         kb0 = (slot_first + s) * BLOCKS_PER_SLOT
-        if FP4:
+        if Y_UNPACKED:
             if not X_REGS:
                 x_tiles = x_fp8.index(s % 2)
             y_tiles = y_fp8.index(s % 2)
+        elif Y_EXPANDED:
+            wait_ready(bars, s, STAGES)
+            y_tiles = y_bufs.index(slot)
         else:
             wait_ready(bars, s, STAGES)
             x_tiles = x_bufs.index(slot)
@@ -375,13 +403,14 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
         # while its registers are read later, so each slot drains: blocks 0-2 are scaled while
         # the next block runs, block 3 while (MXFP4) the next slot is unpacked.
         if X_REGS:
-            # The ring slot was waited for when its Y was unpacked (the previous slot, or before the loop).
+            # The ring slot was waited for when its Y was unpacked (the previous slot, or before the loop), or
+            # (Y_EXPANDED) just above.
             x0, x1, x2, x3 = x_register_operands(x_bufs.index(slot), BLOCK_M, acc_layout)
         else:
             x0, x1, x2, x3 = x_blocks(x_tiles)
         acc, even, odd = slot_blocks_0_to_2(x0, x1, x2, x3, y_tiles, acc, even, odd, wx, wy, kb0, k_blocks,
                                             moderate, plain, folded, PRODUCT_EXP)
-        if FP4:
+        if Y_UNPACKED:
             if s + 1 < k_slots:
                 # The other unpacked buffer's readers (slot s-1's wgmmas) have all retired.
                 wait_ready(bars, s + 1, STAGES)
@@ -398,8 +427,8 @@ def mx_gemm_v2_kernel(x_desc, y_desc, sx_ptr, sy_ptr, c_ptr, bias_ptr, ws_ptr, t
             gl.thread_barrier()     # every warp's X loads from this ring slot are done before the refill
         # Every wgmma of this slot has retired (MXFP4: so has the unpack that read it): refill.
         ahead = s + STAGES
-        issue_load(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, (slot_first + ahead) * SLOT_BYTES,
-                   True, True, STAGES, pred=ahead < k_slots)
+        issue_slot(x_desc, y_desc, x_bufs, y_bufs, bars, ahead, off_m, off_n, slot_first + ahead, STAGES,
+                   ahead < k_slots)
         if PREFETCH_SCALES:
             wx = wx_next
             wy = wy_next

@@ -43,7 +43,7 @@ from tilefly._triton_launch import Address
 from tilefly.ops.gemm.launch import Launch, run_cached
 from tilefly.ops.mx_gemm import configs, split_tuning
 from tilefly.ops.mx_gemm.configs import MXConfig
-from tilefly.mx import weight_operand
+from tilefly.mx import expanded, weight_operand
 from tilefly.ops.mx_gemm.eligibility import MXProblem
 
 SCALE_BLOCK = 32
@@ -88,19 +88,33 @@ _plans: dict[tuple, object] = {}
 WORKSPACE_AT = 6        # position of the split-K partials and tickets among the kernels' arguments
 
 
-def plan_key(p: MXProblem, a, b, scale_a, scale_b, out, bias=None, cfg: MXConfig | None = None) -> tuple:
-    """The ``_plans`` key of one call: the problem, the options that shape its launch and each operand's address."""
-    tensors = (a, b, scale_a, scale_b, out, bias)
+def plan_key(p: MXProblem, a, b, scale_a, scale_b, out, bias=None, cfg: MXConfig | None = None,
+             offer: tuple | None = None) -> tuple:
+    """The ``_plans`` key of one call: the problem, the options that shape its launch and each operand's address
+    (``offer``: the activation's expanded copy, ``_expanded_offer``)."""
+    tensors = (a, b, scale_a, scale_b, out, bias) + (offer or ())
     # MXLinear's weight word matters only to PDL launches (prefetch_x): not read on the default path
-    return (cfg, p, out.device, config.mx_pdl, config.mx_pdl and weight_operand.constant()) + tuple(
+    return (cfg, p, out.device, config.mx_pdl, config.mx_pdl and weight_operand.constant(), offer is None) + tuple(
         None if t is None else (t.dtype, t.data_ptr(), t.shape, t.stride()) for t in tensors)
+
+
+def _expanded_offer(p: MXProblem, a: torch.Tensor) -> tuple | None:
+    """The expanded copy of the activation (tilefly.mx.expanded) when MXLinear offers one for this call's A
+    and A goes into the Y slot (MXFP4, M < N); None otherwise."""
+    if p.fmt != "mxfp4" or p.m >= p.n or expanded.offered() is None:
+        return None
+    return expanded.matching(a.view(torch.uint8))
 
 
 def run(p: MXProblem, a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
         out: torch.Tensor, bias: torch.Tensor | None = None, cfg: MXConfig | None = None) -> torch.Tensor:
-    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted."""
-    key = plan_key(p, a, b, scale_a, scale_b, out, bias, cfg)
-    run_cached(_plans, key, lambda: _prepare(p, a, b, scale_a, scale_b, out, bias, cfg))
+    """out = scaled_mm(a, b, scale_a, scale_b) (+ bias), for a problem ``eligibility.parse`` accepted. A
+    ``cfg`` with ``expanded_y`` needs the activation's expanded copy on offer (tilefly.mx.expanded)."""
+    offer = _expanded_offer(p, a)
+    if cfg is not None and cfg.expanded_y and offer is None:
+        raise ValueError(f"{cfg.name} reads the activation expanded: offer its copy (tilefly.mx.expanded.offering)")
+    key = plan_key(p, a, b, scale_a, scale_b, out, bias, cfg, offer)
+    run_cached(_plans, key, lambda: _prepare(p, a, b, scale_a, scale_b, out, bias, cfg, offer))
     return out
 
 
@@ -115,7 +129,7 @@ def plan_splits(cfg, tiles: int, k: int, fmt: str, sms: int, measured: int | Non
     return _cdiv(k_steps, per_split), per_split
 
 
-def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
+def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg, offer=None) -> Launch:
     fp4 = p.fmt == "mxfp4"
     x, y = a, b.t()                              # [M, K bytes], [N, K bytes], both row-major
     if fp4:
@@ -129,12 +143,15 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg) -> Launch:
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
     cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
+    if offer is not None and cfg.fold_y and cfg.x_regs:
+        # a folded build reads the offered expanded copy of Y (the activation) instead of unpacking it
+        cfg = replace(cfg, expanded_y=1)
+        y, sy, swz_y = offer[0].view(torch.float8_e4m3fn), offer[1], False
     if config.mx_pdl and cfg.kernel in (2, 4):
         # X is B, an MXLinear weight, only when swapped and MXLinear says so (tilefly.mx.weight_operand)
         cfg = replace(cfg, pdl=True, prefetch_x=cfg.kernel == 2 and swapped and weight_operand.constant())
-    item = cfg.row_bytes(p.fmt)
-    x_desc = _descriptor(x, cfg.block_m, fp4, item)
-    y_desc = _descriptor(y, cfg.block_n, fp4, item)
+    x_desc = _descriptor(x, cfg.block_m, fp4, cfg.row_bytes(p.fmt))
+    y_desc = _descriptor(y, cfg.block_n, fp4 and not cfg.expanded_y, cfg.y_row_bytes(p.fmt))
     tiles = _cdiv(rows, cfg.block_m) * _cdiv(cols, cfg.block_n)
     k_blocks = p.k // SCALE_BLOCK
     measured = split_tuning.splits_for(out.device.index, p.fmt, cfg, rows, cols, p.k) if cfg.scale_slots else None
