@@ -76,6 +76,8 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true")
     ap.add_argument("--expanded", action="store_true", help="with --picked: also time the MXFP4 fold pick reading "
                     "the activation expanded (tilefly.mx.expanded)")
+    ap.add_argument("--headstart-us", type=float, default=0.0, help="hold the GPU this long after each flush "
+                    "(tilefly.bench.timing, Policy.headstart_us): the GPU time alone, as in a CUDA graph")
     ap.add_argument("--only", help="time only the builds whose name contains this (e.g. _xr_fy)")
     ap.add_argument("--json", help="also write every timed row here (the split tuning database's input: "
                     "python -m tilefly.ops.mx_gemm.split_tuning FILE)")
@@ -89,6 +91,7 @@ def main() -> None:
     from tilefly.ops.mx_gemm import configs, eligibility, launch, split_tuning
 
     tilefly.enable()
+    policy = replace(QUICK, headstart_us=args.headstart_us)
     chosen_splits: list[int] = []
     real_choose, real_measured = launch.choose_splits, split_tuning.splits_for
     forced: list[int | None] = [None]
@@ -146,12 +149,15 @@ def main() -> None:
                             fn = _with_expanded(fn, a)
                         fn()
                         torch.cuda.synchronize()
+                        if cfg.expanded_y and splits is None:
+                            host, _ = back_to_back_us(fn, 20, 300)
+                            print(f"  {cfg.name}: host {host:.1f} us/call (back to back)")
                         if cfg.expanded_y:   # the same bits as the picked build's
                             launch.run(p, a.data, b.data.t(), a.scale, b.scale, ref_out := torch.empty_like(out))
                             torch.cuda.synchronize()
                             print(f"  {cfg.name}: output {'equals' if torch.equal(out, ref_out) else 'DIFFERS FROM'} "
                                   f"the picked build's")
-                        us = measure(fn, QUICK).median_us
+                        us = measure(fn, policy).median_us
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         print(f"  {cfg.name} splits={splits}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
