@@ -275,6 +275,14 @@ def test_cuda_fused_norm_quantize_matches_the_ops_bit_for_bit(fmt, k):
     check_norm_quantize(fmt, 33, k, device="cuda")
 
 
+@pytest.mark.parametrize("k, weight", [(4096, "spread"), (4096, "plain"), (16384, "spread")])
+def test_cuda_fused_norm_quantize_expanded_matches_the_ops_bit_for_bit(k, weight):
+    """The MXFP4 build that also writes the expanded copy (tilefly.mx.expanded), as in Triton's interpreter."""
+    from tilefly.ops.mx_gemm.checks import check_norm_quantize_expanded
+
+    check_norm_quantize_expanded(33, k, weight, device="cuda")
+
+
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("k", [4096, 5120])
 def test_cuda_fused_norm_quantize_on_model_like_rows(fmt, k):
@@ -337,13 +345,21 @@ def test_cuda_compiled_decoder_block_runs_the_fused_kernels(monkeypatch, fmt):
 
     a, b = torch.randn(32, 1, 4096, device="cuda").bfloat16(), torch.randn(32, 1, 4096, device="cuda").bfloat16()
     outs = {}
-    for fused in (False, True):
+    for fused, expand in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(config, "mx_fused_quant", fused)
+        monkeypatch.setattr(config, "mx_expanded_activation", expand)
         with tilefly.enabled(), torch.no_grad():
             torch._dynamo.reset()
-            outs[fused], (code,) = run_and_get_code(torch.compile(block), a, b)
-        for op in ("add_rms_norm_mx_quantize", "silu_mul_mx_quantize"):
+            out, (code,) = run_and_get_code(torch.compile(block), a, b)
+        expanded = expand and fmt == "mxfp4"       # the gate/up GEMM reads the norm kernel's expanded copy
+        norm_op = "add_rms_norm_mx_quantize_expanded" if expanded else "add_rms_norm_mx_quantize"
+        for op in (norm_op, "silu_mul_mx_quantize"):
             assert code.count(f"torch.ops.tilefly.{op}.default(") == (1 if fused else 0), (op, fused)
+        assert code.count("a_expanded=buf") == int(expanded)
+        if not expand:
+            outs[fused] = out
+        else:      # the expanded reads give the unpacking build's bits
+            assert torch.equal(out[0], outs[True][0]) and torch.equal(out[1], outs[True][1])
     assert torch.equal(outs[True][0], outs[False][0])
     # Inductor's RMSNorm and the fused kernel may round an element of x one bf16 ulp apart, which can
     # move it a whole E2M1 step, so single elements of the output are no measure: compare norms.

@@ -20,8 +20,10 @@ masked past K) over num_warps warps, so a thread holds BLOCK_K / (32 * num_warps
 elements of a, b and w (int16-viewed BF16, 16-byte loads from 8 elements up). The mean is one
 ``tl.sum`` across the CTA. The tile is then viewed as [BLOCK_K / 32, 32] scale blocks, each block's
 exponent maximum a reduction inside the block, and stored as kernels_quant stores its tiles (E4M3
-bytes, or E2M1 nibble pairs, and one scale byte a block). No shared memory beyond the reductions'
-scratch; no barriers of its own.
+bytes, or E2M1 nibble pairs, and one scale byte a block). With ``EXPAND`` (MXFP4) the row's expanded
+copy follows (kernels_quant.store_expanded, tilefly.mx.expanded): the row's top scale is one more
+reduction across the CTA, and each thread stores its E4M3 bytes at their unpack-order positions (byte
+stores, two bytes apart). No shared memory beyond the reductions' scratch; no barriers of its own.
 
 With ``TRIGGER`` (config.mx_pdl) every program first signals ``griddepcontrol.launch_dependents``, so
 the MX GEMM after it, launched with PDL, starts streaming its weights while this kernel runs.
@@ -29,7 +31,7 @@ the MX GEMM after it, launched with PDL, starts streaming its weights while this
 import triton
 import triton.language as tl
 
-from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, store_blocks
+from tilefly.mx.kernels_quant import SCALE_BLOCK, bf16_to_f32, block_scales, store_blocks, store_expanded
 
 BF16_NAN_BITS = tl.constexpr(0x7FC00000)   # a quiet NaN (PyTorch's casts give various NaN bits, none compared)
 
@@ -44,9 +46,9 @@ def rne_bf16(x):
 
 
 @triton.jit
-def add_rms_norm_mx_quantize_kernel(a_ptr, b_ptr, w_ptr, h_ptr, data_ptr, scale_ptr, K,
-                                    EPS: tl.constexpr, EMAX: tl.constexpr, FP4: tl.constexpr,
-                                    BLOCK_K: tl.constexpr, TRIGGER: tl.constexpr):
+def add_rms_norm_mx_quantize_kernel(a_ptr, b_ptr, w_ptr, h_ptr, data_ptr, scale_ptr, expanded_ptr, expanded_scale_ptr,
+                                    K, EPS: tl.constexpr, EMAX: tl.constexpr, FP4: tl.constexpr,
+                                    BLOCK_K: tl.constexpr, TRIGGER: tl.constexpr, EXPAND: tl.constexpr):
     if TRIGGER:   # config.mx_pdl: the MX GEMM after may launch now (it reads our output after its wait)
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
@@ -65,3 +67,5 @@ def add_rms_norm_mx_quantize_kernel(a_ptr, b_ptr, w_ptr, h_ptr, data_ptr, scale_
     live_blk = blk < K // SCALE_BLOCK
     scale, y = block_scales(tl.reshape(x, [BLOCKS, SCALE_BLOCK]), EMAX)
     store_blocks(data_ptr, scale_ptr, row * (K // SCALE_BLOCK) + blk, scale, y, live_blk, FP4, BLOCKS)
+    if EXPAND:   # MXFP4: the expanded copy too (tilefly.mx.expanded), from the same registers
+        store_expanded(expanded_ptr, expanded_scale_ptr, row, K, scale, y, live_blk, BLOCKS)

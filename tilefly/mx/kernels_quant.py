@@ -104,6 +104,40 @@ def store_blocks(data_ptr, scale_ptr, index, scale, y, live, FP4: tl.constexpr, 
                  mask=live[:, None])
 
 
+EXPAND_SPAN = tl.constexpr(8)   # tilefly.mx.expanded.EXPAND_SPAN
+
+
+@triton.jit
+def e2m1_values(code):
+    """FP32 values of E2M1 codes (int32 0..15): magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6, the sign in bit 3."""
+    mag = code & 7
+    bits = tl.where(mag >= 2, (((mag >> 1) + 126) << 23) | ((mag & 1) << 22), tl.where(mag == 1, 0x3F000000, 0))
+    return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, scale, y, live, BLOCKS: tl.constexpr):
+    """Store one row's expanded copy (tilefly.mx.expanded) from its MXFP4 blocks: E8M0 codes ``scale``
+    [BLOCKS] and scaled values ``y`` [BLOCKS, 32] (blocks past the row not ``live``). A folded row (every
+    block holding a nonzero code within EXPAND_SPAN of the row's top scale, none NaN) stores E2M1 value x
+    2^(scale - top), exact in E4M3, and ``top`` as every block's scale; another row its E2M1 values and own
+    scales. Values go in the MX GEMM's unpack order: a block's even K, then its odd K."""
+    code = e2m1_codes(y)
+    top = tl.max(tl.where(live, scale, 0), axis=0)
+    nonzero = tl.max(code & 7, axis=1) > 0
+    near = (top - scale <= EXPAND_SPAN) | ~nonzero | ~live
+    folded = (tl.min(near.to(tl.int32), axis=0) > 0) & (top != E8M0_NAN)
+    shift = tl.where(folded, scale - top, 0)          # >= -EXPAND_SPAN where it matters: 2^shift is a normal
+    value = e2m1_values(code) * ((shift + 127) << 23).to(tl.float32, bitcast=True)[:, None]
+    element = tl.arange(0, SCALE_BLOCK)
+    order = (element % 2) * (SCALE_BLOCK // 2) + element // 2
+    blk = tl.arange(0, BLOCKS)
+    tl.store(expanded_ptr + row * K + blk[:, None] * SCALE_BLOCK + order[None, :], e4m3_codes(value).to(tl.uint8),
+             mask=live[:, None])
+    tl.store(expanded_scale_ptr + row * (K // SCALE_BLOCK) + blk, tl.where(folded, top, scale).to(tl.uint8),
+             mask=live)
+
+
 @triton.jit
 def mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks, EMAX: tl.constexpr, FP4: tl.constexpr,
                        BLOCKS: tl.constexpr, PDL: tl.constexpr):

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tilefly.mx import formats, weight_operand
+from tilefly.mx import expanded, formats, weight_operand
 from tilefly.mx.formats import BLOCK
 from tilefly.mx.layout import from_blocked, to_blocked
 from tilefly.mx.quant import dequantize_rows, quantize_rows
@@ -65,14 +65,20 @@ def _device_name(t: torch.Tensor) -> str:
 
 
 def _mx_mm(a_bits: torch.Tensor, w_bits: torch.Tensor, a_scale_bits: torch.Tensor, w_scale_bits: torch.Tensor,
-           fmt: str, swizzle: str, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+           fmt: str, swizzle: str, bias: torch.Tensor | None, out_dtype: torch.dtype,
+           a_expanded: torch.Tensor | None = None, a_expanded_scales: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ w.t()`` (+ bias) through F.scaled_mm, from the operands' bits (uint8 or already typed):
     a (M, K or K / 2 bytes), w (N, K or K / 2), scales (M, K / 32) (blocked when swizzled) and the weight's in its
-    layout. Errors F.scaled_mm raises (no MX kernel here) come back as MXKernelUnavailable."""
+    layout; ``a_expanded`` and ``a_expanded_scales``: MXFP4 a's expanded copy, offered to tilefly's MX GEMM
+    (tilefly.mx.expanded), which may read it instead of a. Errors F.scaled_mm raises (no MX kernel here) come
+    back as MXKernelUnavailable."""
     dtype = formats.ELEMENTS[fmt].dtype
     args = (a_bits.view(dtype), w_bits.view(dtype).t(), a_scale_bits.view(torch.float8_e8m0fnu),
             w_scale_bits.view(torch.float8_e8m0fnu), swizzle, bias, out_dtype)
     try:
+        if a_expanded is not None and a_expanded_scales is not None:
+            return expanded.offering(weight_operand.call_on_constant_weight, args[0], a_expanded, a_expanded_scales,
+                                     _scaled_mm, *args)
         return weight_operand.call_on_constant_weight(_scaled_mm, *args)
     except (RuntimeError, NotImplementedError, ValueError) as err:
         first_line = (str(err).strip().splitlines() or [""])[0]
@@ -86,12 +92,14 @@ def _mx_mm(a_bits: torch.Tensor, w_bits: torch.Tensor, a_scale_bits: torch.Tenso
 # What compiled graphs call (module docstring): the eager call behind an opaque op whose output
 # shape comes from the fake below, not from ATen's meta function.
 _MX_MM_SCHEMA = ("(Tensor a_bits, Tensor w_bits, Tensor a_scale_bits, Tensor w_scale_bits, str fmt, str swizzle, "
-                 "Tensor? bias, ScalarType out_dtype) -> Tensor")
+                 "Tensor? bias, ScalarType out_dtype, Tensor? a_expanded=None, Tensor? a_expanded_scales=None) "
+                 "-> Tensor")
 mx_linear_mm = torch.library.custom_op("tilefly::mx_linear_mm", _mx_mm, mutates_args=(), schema=_MX_MM_SCHEMA)
 
 
 @mx_linear_mm.register_fake
-def _mx_mm_fake(a_bits, w_bits, a_scale_bits, w_scale_bits, fmt, swizzle, bias, out_dtype):
+def _mx_mm_fake(a_bits, w_bits, a_scale_bits, w_scale_bits, fmt, swizzle, bias, out_dtype, a_expanded=None,
+                a_expanded_scales=None):
     return a_bits.new_empty((a_bits.shape[0], w_bits.shape[0]), dtype=out_dtype)
 
 

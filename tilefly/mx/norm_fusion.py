@@ -15,13 +15,21 @@ MX layer's input:
 Every node between h and q must have no other user (the normalised activation feeds only the
 quantization; the shared-quantization step ahead of this one made it a single call). h keeps its
 other users, which read the op's first output. Anything else is left as it was.
+
+MXFP4 quantizations read by MX GEMMs take the op's expanded build,
+``tilefly::add_rms_norm_mx_quantize_expanded``, under ``config.mx_expanded_activation``: the GEMM calls
+get its expanded copy too (tilefly.mx.expanded says why).
 """
 from __future__ import annotations
 
 import logging
+import operator
 
 import torch
 
+import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
+import tilefly.mx.siblings  # noqa: F401 - registers tilefly::mx_linear_mm_packed
+from tilefly import config
 from tilefly.mx import formats, norm_quant
 from tilefly.mx.fusion_graph import drop_dead_pure_nodes, fake_value, is_call, only_user, quantized_product, \
     replace_quantization
@@ -74,9 +82,19 @@ def _match(quant: torch.fx.Node):
                                                                                            mean, power, c0])
 
 
+GEMMS = (torch.ops.tilefly.mx_linear_mm.default, torch.ops.tilefly.mx_linear_mm_packed.default)
+
+
+def gemm_readers(quant: torch.fx.Node) -> list[torch.fx.Node]:
+    """The MX GEMM calls (``mx_linear_mm``, ``mx_linear_mm_packed``) whose activation is ``quant``'s data output."""
+    data = [u for u in quant.users if u.target is operator.getitem and u.args[1] == 0]
+    return [r for d in data for r in d.users if r.op == "call_function" and r.target in GEMMS and r.args[0] is d]
+
+
 def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
-    """Replace every match (module docstring) by one op call; returns how many."""
-    fused_op = torch.ops.tilefly.add_rms_norm_mx_quantize.default
+    """Replace every match (module docstring) by one op call; returns how many. MXFP4 quantizations that MX
+    GEMMs read become the op's expanded build when ``config.mx_expanded_activation`` is on: the GEMM calls get
+    its expanded copy as ``a_expanded`` and ``a_expanded_scales`` (tilefly.mx.expanded)."""
     drop_dead_pure_nodes(graph)
     order = {node: i for i, node in enumerate(graph.nodes)}   # new nodes come after h: old ones keep their order
     done = 0
@@ -85,11 +103,19 @@ def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
         # the op goes where h was, so the weight must exist by then (a and b do: they are h's operands)
         if found is None or order[found["weight"]] > order[found["h"]]:
             continue
-        h = found["h"]
+        h, fmt = found["h"], found["fmt"]
+        readers = gemm_readers(quant) if fmt == "mxfp4" and config.mx_expanded_activation else []
         with graph.inserting_after(h):
-            fused = graph.call_function(fused_op, (found["a"], found["b"], found["weight"], found["eps"], found["fmt"]))
-        fused.meta["val"] = norm_quant.fake_outputs(fake_value(h), formats.ELEMENTS[found["fmt"]])
+            if readers:
+                fused = graph.call_function(torch.ops.tilefly.add_rms_norm_mx_quantize_expanded.default,
+                                            (found["a"], found["b"], found["weight"], found["eps"]))
+            else:
+                fused = graph.call_function(torch.ops.tilefly.add_rms_norm_mx_quantize.default,
+                                            (found["a"], found["b"], found["weight"], found["eps"], fmt))
+        fused.meta["val"] = norm_quant.fake_outputs(fake_value(h), formats.ELEMENTS[fmt], expand=bool(readers))
         parts = replace_quantization(graph, quant, fused, 1, found["chain"])
+        for reader in readers:
+            reader.kwargs = {**reader.kwargs, "a_expanded": parts[3], "a_expanded_scales": parts[4]}
         h.replace_all_uses_with(parts[0])
         graph.erase_node(h)
         done += 1

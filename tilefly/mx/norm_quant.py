@@ -8,7 +8,9 @@ replaces the add, the RMSNorm and the quantization after it by this op, whose CU
 kernels_norm_quant's one kernel.
 
 It returns ``(h, data, scale_bytes)``: ``h = a + b`` in a's shape, and ``quantize_rows`` of the
-normalised rows as uint8 bytes, exactly as ``mx_quantize_rows`` returns them. Where the kernel does not
+normalised rows as uint8 bytes, exactly as ``mx_quantize_rows`` returns them.
+``tilefly::add_rms_norm_mx_quantize_expanded`` (MXFP4) also returns their expanded copy, which the MX
+GEMMs reading them take instead of unpacking the nibbles (tilefly.mx.expanded). Where the kernel does not
 serve (CPU tensors, a dtype other than BF16, rows that are not contiguous, K beyond ``MAX_K``, a failed
 launch) the PyTorch ops compute the same values (``add_rms_norm_quantize_ops``).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from tilefly import config
-from tilefly.mx import formats
+from tilefly.mx import expanded, formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
 
@@ -75,25 +77,25 @@ def _kernel():
     return add_rms_norm_mx_quantize_kernel
 
 
-def add_rms_norm_quantize_kernel(a, b, weight, eps: float, spec: ElementFormat, out=None):
+def add_rms_norm_quantize_kernel(a, b, weight, eps: float, spec: ElementFormat, out=None, expand: bool = False):
     """kernels_norm_quant's kernel on contiguous BF16 operands (CPU tensors: Triton's interpreter, for
-    the CI checks); ``out``: (h, data, scale bytes) to write into."""
+    the CI checks); ``out``: (h, data, scale bytes[, expanded, expanded scales]) to write into. ``expand``
+    (MXFP4): also the expanded copy (tilefly.mx.expanded), returned after the scale bytes."""
     from tilefly import _triton_launch
 
     k = a.shape[-1]
     rows = a.numel() // k
     if out is None:
-        out = (torch.empty_like(a), torch.empty((rows, k // spec.per_byte), dtype=torch.uint8, device=a.device),
-               torch.empty((rows, k // BLOCK), dtype=torch.uint8, device=a.device))
-    h, data, scale_bits = out
+        out = fake_outputs(a, spec, expand)
     if rows:
         block_k = block_k_of(k)
-        views = (a.view(torch.int16), b.view(torch.int16), weight.view(torch.int16), h.view(torch.int16))
-        _triton_launch.launch_direct(_launches, _kernel, (rows, 1), (*views, data, scale_bits), (k,),
+        views = (a.view(torch.int16), b.view(torch.int16), weight.view(torch.int16), out[0].view(torch.int16))
+        extra = out[3:5] if expand else out[1:3]     # the unexpanded build never touches these two
+        _triton_launch.launch_direct(_launches, _kernel, (rows, 1), (*views, *out[1:3], *extra), (k,),
                                      dict(EPS=float(eps), EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCK_K=block_k,
-                                          TRIGGER=bool(config.mx_pdl and a.is_cuda)),
+                                          TRIGGER=bool(config.mx_pdl and a.is_cuda), EXPAND=expand),
                                      num_warps=num_warps(block_k))
-    return h, data, scale_bits
+    return out
 
 
 @torch.library.custom_op("tilefly::add_rms_norm_mx_quantize", mutates_args=())
@@ -111,9 +113,35 @@ def _add_rms_norm_mx_quantize_fake(a, b, weight, eps, fmt):
     return fake_outputs(a, formats.ELEMENTS[fmt])
 
 
-def fake_outputs(a: torch.Tensor, spec: ElementFormat):
-    """Empty tensors shaped as the op's outputs for an ``a`` (real or fake)."""
+def add_rms_norm_quantize_expanded_ops(a, b, weight, eps: float):
+    """``add_rms_norm_quantize_ops`` to MXFP4, then the expanded copy (tilefly.mx.expanded)."""
+    h, data, scale_bits = add_rms_norm_quantize_ops(a, b, weight, eps, formats.ELEMENTS["mxfp4"])
+    return (h, data, scale_bits) + expanded.expand_rows_ops(data, scale_bits)
+
+
+@torch.library.custom_op("tilefly::add_rms_norm_mx_quantize_expanded", mutates_args=())
+def add_rms_norm_mx_quantize_expanded(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, eps: float
+                                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``add_rms_norm_mx_quantize(a, b, weight, eps, "mxfp4")``'s three outputs, then the expanded copy of the
+    quantized rows (expanded, expanded scale bytes; tilefly.mx.expanded), from the same kernel."""
+    spec = formats.ELEMENTS["mxfp4"]
+    return kernel_or_ops(_kernel_failed, a, kernel_reason(a, b, weight),
+                         lambda: add_rms_norm_quantize_kernel(a, b, weight, eps, spec, expand=True),
+                         lambda: add_rms_norm_quantize_expanded_ops(a, b, weight, eps),
+                         "add + RMSNorm + quantization")
+
+
+@add_rms_norm_mx_quantize_expanded.register_fake
+def _add_rms_norm_mx_quantize_expanded_fake(a, b, weight, eps):
+    return fake_outputs(a, formats.ELEMENTS["mxfp4"], expand=True)
+
+
+def fake_outputs(a: torch.Tensor, spec: ElementFormat, expand: bool = False):
+    """Empty tensors shaped as the op's outputs for an ``a`` (real or fake); ``expand``: the expanded op's."""
     k = a.shape[-1]
     rows = a.numel() // k
-    return (torch.empty_like(a), a.new_empty((rows, k // spec.per_byte), dtype=torch.uint8),
-            a.new_empty((rows, k // BLOCK), dtype=torch.uint8))
+    out = (torch.empty_like(a), a.new_empty((rows, k // spec.per_byte), dtype=torch.uint8),
+           a.new_empty((rows, k // BLOCK), dtype=torch.uint8))
+    if expand:
+        out += (a.new_empty((rows, k), dtype=torch.uint8), a.new_empty((rows, k // BLOCK), dtype=torch.uint8))
+    return out

@@ -7,7 +7,8 @@
    none with a bias, become one ``tilefly::mx_linear_mm_packed`` call whose output columns the graph
    slices (``tilefly.mx.siblings`` says why and when it runs as one GEMM).
 3. With ``config.mx_fused_quant``, a residual add, the RMSNorm after it and the quantization of its
-   output become one ``tilefly::add_rms_norm_mx_quantize`` call (``tilefly.mx.norm_fusion``),
+   output become one ``tilefly::add_rms_norm_mx_quantize`` call (``tilefly.mx.norm_fusion``; MXFP4 that
+   GEMMs read: its expanded build, whose copy they take, ``tilefly.mx.expanded``),
 4. an MLP's ``silu(gate) * up`` and its quantization one ``tilefly::silu_mul_mx_quantize`` call
    (``tilefly.mx.silu_fusion``),
 5. and a masked attention call and the quantization of its output (the o_proj input) one
@@ -24,7 +25,7 @@ import torch
 import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
 import tilefly.mx.quant_op  # noqa: F401 - registers tilefly::mx_quantize_rows
 from tilefly import _graph_pass, config
-from tilefly.mx import attention_fusion, fusion_graph, norm_fusion, siblings, silu_fusion
+from tilefly.mx import attention_fusion, expanded, fusion_graph, norm_fusion, siblings, silu_fusion
 
 SLOT = "post_grad_custom_pre_pass"
 
@@ -53,10 +54,12 @@ class SharedQuantization(_graph_pass.ChainedPass):
     def source_files(self) -> tuple[str, ...]:
         return (__file__, _graph_pass.__file__, siblings.__file__, fusion_graph.__file__, norm_fusion.__file__,
                 norm_fusion.norm_quant.__file__, silu_fusion.__file__, silu_fusion.silu_quant.__file__,
-                attention_fusion.__file__, attention_fusion.attention_quant.__file__)
+                attention_fusion.__file__, attention_fusion.attention_quant.__file__, expanded.__file__)
 
     def key_suffix(self) -> bytes:
-        return b":fused-quant" if config.mx_fused_quant else b""
+        if not config.mx_fused_quant:
+            return b""
+        return b":fused-quant" + (b":expanded" if config.mx_expanded_activation else b"")
 
 
 def _value_numbers(graph: torch.fx.Graph) -> dict[torch.fx.Node, tuple]:

@@ -86,10 +86,12 @@ _told: set[tuple] = set()
 
 
 def _mx_mm_packed(a_bits: torch.Tensor, w_bits: list[torch.Tensor], a_scale_bits: torch.Tensor,
-                  w_scale_bits: list[torch.Tensor], fmt: str, swizzle: str, out_dtype: torch.dtype) -> torch.Tensor:
+                  w_scale_bits: list[torch.Tensor], fmt: str, swizzle: str, out_dtype: torch.dtype,
+                  a_expanded: torch.Tensor | None = None, a_expanded_scales: torch.Tensor | None = None) -> torch.Tensor:
     packed = packed_operands(w_bits, w_scale_bits, swizzle)
     if packed is not None:
-        return _mx_mm(a_bits, packed[0], a_scale_bits, packed[1], fmt, swizzle, None, out_dtype)
+        return _mx_mm(a_bits, packed[0], a_scale_bits, packed[1], fmt, swizzle, None, out_dtype, a_expanded,
+                      a_expanded_scales)
     # Not back to back in call order: one GEMM per run of weights that are (in address order), the
     # columns put back in call order by a copy.
     runs = _address_runs(w_bits, w_scale_bits, swizzle)
@@ -102,7 +104,8 @@ def _mx_mm_packed(a_bits: torch.Tensor, w_bits: list[torch.Tensor], a_scale_bits
     for run in runs:
         ws, ss = [w_bits[i] for i in run], [w_scale_bits[i] for i in run]
         both = packed_operands(ws, ss, swizzle) if len(run) > 1 else (ws[0], ss[0])
-        out = _mx_mm(a_bits, both[0], a_scale_bits, both[1], fmt, swizzle, None, out_dtype)
+        out = _mx_mm(a_bits, both[0], a_scale_bits, both[1], fmt, swizzle, None, out_dtype, a_expanded,
+                     a_expanded_scales)
         start = 0
         for i in run:
             columns[i] = out[:, start:start + w_bits[i].shape[0]]
@@ -111,13 +114,15 @@ def _mx_mm_packed(a_bits: torch.Tensor, w_bits: list[torch.Tensor], a_scale_bits
 
 
 _PACKED_SCHEMA = ("(Tensor a_bits, Tensor[] w_bits, Tensor a_scale_bits, Tensor[] w_scale_bits, str fmt, "
-                  "str swizzle, ScalarType out_dtype) -> Tensor")
+                  "str swizzle, ScalarType out_dtype, Tensor? a_expanded=None, Tensor? a_expanded_scales=None) "
+                  "-> Tensor")
 mx_linear_mm_packed = torch.library.custom_op("tilefly::mx_linear_mm_packed", _mx_mm_packed, mutates_args=(),
                                               schema=_PACKED_SCHEMA)
 
 
 @mx_linear_mm_packed.register_fake
-def _mx_mm_packed_fake(a_bits, w_bits, a_scale_bits, w_scale_bits, fmt, swizzle, out_dtype):
+def _mx_mm_packed_fake(a_bits, w_bits, a_scale_bits, w_scale_bits, fmt, swizzle, out_dtype, a_expanded=None,
+                       a_expanded_scales=None):
     return a_bits.new_empty((a_bits.shape[0], sum(w.shape[0] for w in w_bits)), dtype=out_dtype)
 
 

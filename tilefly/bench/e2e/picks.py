@@ -28,7 +28,8 @@ TRITON_TEMPLATE_CALL = re.compile(r"\btriton_tem_\w+\.run\(")
 ATEN_GEMM = re.compile(r"\bextern_kernels\.(mm|addmm|bmm|_scaled_mm|scaled_mm)\(")
 MX_OP_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm\.default\(")   # not the asserts naming it
 MX_PACKED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm_packed\.default\(")
-MX_FUSED_NORM_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.add_rms_norm_mx_quantize\.default\(")
+MX_FUSED_NORM_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.add_rms_norm_mx_quantize(?:_expanded)?\.default\(")
+MX_EXPANDED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.add_rms_norm_mx_quantize_expanded\.default\(")
 MX_FUSED_SILU_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.silu_mul_mx_quantize\.default\(")
 MX_FUSED_ATTENTION_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.attention_mx_quantize\.default\(")
 
@@ -58,7 +59,8 @@ def picks(codes: list[str]) -> dict[str, Any]:
              "aten_gemm_calls": len(ATEN_GEMM.findall(text)), "mx_op_calls": len(MX_OP_CALL.findall(text))}
     for key, pattern in (("mx_packed_calls", MX_PACKED_CALL), ("mx_fused_norm_calls", MX_FUSED_NORM_CALL),
                          ("mx_fused_silu_calls", MX_FUSED_SILU_CALL),
-                         ("mx_fused_attention_calls", MX_FUSED_ATTENTION_CALL)):
+                         ("mx_fused_attention_calls", MX_FUSED_ATTENTION_CALL),
+                         ("mx_expanded_calls", MX_EXPANDED_CALL)):
         if n := len(pattern.findall(text)):
             found[key] = n
     return found
@@ -75,6 +77,7 @@ def describe(p: dict[str, Any]) -> str:
     for key, what in (("mx_fused_norm_calls", "add + RMSNorm"), ("mx_fused_silu_calls", "SiLU product"),
                       ("mx_fused_attention_calls", "attention")):
         mx += f"; fused {what} + MX quantization calls {p[key]}" if p.get(key) else ""
+    mx += f" ({p['mx_expanded_calls']} also expanded)" if p.get("mx_expanded_calls") else ""
     races = f"; {describe_races(p['races'])}" if p.get("races") else ""
     return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}{mx}{races}"
 

@@ -35,6 +35,9 @@ def interpreter_checks():
                                            ("mxfp4", "fp32", 5, 320), ("mxfp4", "fp16", 3, 96))]
     checks += [(f"add_rms_norm_quantize[{fmt},{rows}x{k}]", functools.partial(check_norm_quantize, fmt, rows, k))
                for fmt, rows, k in (("mxfp8", 6, 96), ("mxfp4", 6, 320), ("mxfp4", 7, 4096))]
+    checks += [(f"add_rms_norm_quantize_expanded[{rows}x{k},{weight}]",
+                functools.partial(check_norm_quantize_expanded, rows, k, weight))
+               for rows, k, weight in ((7, 320, "spread"), (6, 4096, "plain"))]
     checks += [(f"silu_mul_quantize[{fmt},{rows}x{n}]", functools.partial(check_silu_quantize, fmt, rows, n))
                for fmt, rows, n in (("mxfp8", 8, 96), ("mxfp4", 8, 2112), ("mxfp8", 9, 4160))]
     return checks
@@ -85,6 +88,43 @@ def check_norm_quantize(fmt: str, rows: int, k: int, device: str = "cpu") -> Non
         for name, ok in same.items():
             if not ok.all():
                 raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (eps {eps}, seed {seed})")
+
+
+def check_norm_quantize_expanded(rows: int, k: int, weight: str, device: str = "cpu") -> None:
+    """The MXFP4 build that also writes the expanded copy (kernels_quant.store_expanded) against the PyTorch
+    ops (tilefly.mx.expanded.expand_rows_ops of the ops' bytes), every output poisoned first and compared bit
+    for bit (data bytes of NaN-scale blocks excepted, as in ``check_norm_quantize``). ``weight="spread"``
+    scales the RMSNorm weight's blocks by 2^0 .. 2^-8, so that rows' block scales span about 8, some rows
+    folded and some kept (tilefly.mx.expanded); fresh inputs until both kinds were compared (four at most)."""
+    import os
+
+    import torch
+
+    from tilefly.mx import expanded, formats, norm_quant
+
+    spec = formats.ELEMENTS["mxfp4"]
+    kinds = set()
+    for _ in range(4):
+        seed = int.from_bytes(os.urandom(4), "little")
+        a, b, w = (t.to(device) for t in norm_quantize_input(rows, k, seed))
+        if weight == "spread":
+            w = (w.float() * torch.exp2(-(torch.arange(k, device=device) // formats.BLOCK % 9).float())).to(w.dtype)
+        want = norm_quant.add_rms_norm_quantize_expanded_ops(a, b, w, 1e-5)
+        poisoned = (torch.full_like(want[0], 7.0),) + tuple(torch.full_like(t, 0x5A) for t in want[1:])
+        got = norm_quant.add_rms_norm_quantize_kernel(a, b, w, 1e-5, spec, out=poisoned, expand=True)
+        nan_blocks = want[2] == 255
+        same = {"h": (got[0].view(torch.int16) == want[0].view(torch.int16)) | (got[0].isnan() & want[0].isnan()),
+                "scales": got[2] == want[2], "data": (got[1] == want[1]) | nan_blocks.repeat_interleave(16, dim=1),
+                "expanded": (got[3] == want[3]) | nan_blocks.repeat_interleave(32, dim=1),
+                "expanded scales": got[4] == want[4]}
+        for name, ok in same.items():
+            if not ok.all():
+                raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (seed {seed})")
+        codes = torch.stack((want[1] & 15, want[1] >> 4), -1).view(rows, k).int()
+        kinds |= set(expanded.folded_rows(codes, want[2].int())[0][4:].tolist())   # rows 0-3: norm_quantize_input's
+        if weight != "spread" or len(kinds) == 2:
+            return
+    raise AssertionError(f"four spread inputs gave only {'folded' if True in kinds else 'kept'} rows past row 3")
 
 
 EXACT_SILU_ROWS = 5

@@ -551,22 +551,26 @@ def quantize_specs():
 def norm_quantize_specs():
     """tilefly.mx's fused add + RMSNorm + quantization kernel (tilefly/mx/kernels_norm_quant.py) for both
     formats at the row lengths of Llama-3.1-8B (4096), Qwen3-32B (5120) and the largest served (16384),
-    with the launcher's warps; the operands load in 16-byte vectors."""
+    with the launcher's warps, and MXFP4's build that writes the expanded copy too (tilefly.mx.expanded);
+    the operands load in 16-byte vectors."""
     from tilefly.compile_check import KernelSpec
     from tilefly.mx import formats, norm_quant
 
     sig = {"a_ptr": "*i16", "b_ptr": "*i16", "w_ptr": "*i16", "h_ptr": "*i16", "data_ptr": "*u8",
-           "scale_ptr": "*u8", "K": "i32", "EPS": "constexpr", "EMAX": "constexpr", "FP4": "constexpr",
-           "BLOCK_K": "constexpr", "TRIGGER": "constexpr"}
+           "scale_ptr": "*u8", "expanded_ptr": "*u8", "expanded_scale_ptr": "*u8", "K": "i32", "EPS": "constexpr",
+           "EMAX": "constexpr", "FP4": "constexpr", "BLOCK_K": "constexpr", "TRIGGER": "constexpr",
+           "EXPAND": "constexpr"}
     specs = []
     for fmt in FORMATS:
-        for k, trigger in ((4096, False), (5120, False), (norm_quant.MAX_K, False), (4096, True)):
+        expanded = [(k, True, True) for k in (4096, 5120, norm_quant.MAX_K)] if fmt == "mxfp4" else []
+        for k, trigger, expand in [(4096, False, False), (5120, False, False), (norm_quant.MAX_K, False, False),
+                                   (4096, True, False)] + expanded:
             block_k = norm_quant.block_k_of(k)
             constexprs = dict(EPS=1e-5, EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCK_K=block_k,
-                              TRIGGER=trigger)
-            specs.append(KernelSpec(f"mx.add_rms_norm_quantize[{fmt},K={k}{',trigger' if trigger else ''}]",
-                                    _norm_quantize_kernel, sig, constexprs,
-                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(7)},
+                              TRIGGER=trigger, EXPAND=expand)
+            name = f"mx.add_rms_norm_quantize[{fmt},K={k}{',trigger' if trigger else ''}{',expand' if expand else ''}]"
+            specs.append(KernelSpec(name, _norm_quantize_kernel, sig, constexprs,
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in range(9)},
                                     num_warps=norm_quant.num_warps(block_k), sass_must_contain=("LDG.E.128",)))
     return specs
 
