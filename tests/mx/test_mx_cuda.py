@@ -310,6 +310,13 @@ def test_cuda_fused_norm_quantize_on_model_like_rows(fmt, k):
     assert ((got - want).abs() <= step).all()
 
 
+@pytest.mark.parametrize("n", [4096, 14336])
+def test_cuda_fused_silu_quantize_expanded_is_the_expansion_of_its_bytes(n):
+    from tilefly.ops.mx_gemm.checks import check_silu_quantize_expanded
+
+    check_silu_quantize_expanded(33, n, device="cuda")
+
+
 @pytest.mark.parametrize("fmt", mx.FORMATS)
 @pytest.mark.parametrize("n", [4096, 14336])
 def test_cuda_fused_silu_quantize_matches_the_ops(fmt, n):
@@ -351,11 +358,11 @@ def test_cuda_compiled_decoder_block_runs_the_fused_kernels(monkeypatch, fmt):
         with tilefly.enabled(), torch.no_grad():
             torch._dynamo.reset()
             out, (code,) = run_and_get_code(torch.compile(block), a, b)
-        expanded = expand and fmt == "mxfp4"       # the gate/up GEMM reads the norm kernel's expanded copy
-        norm_op = "add_rms_norm_mx_quantize_expanded" if expanded else "add_rms_norm_mx_quantize"
-        for op in (norm_op, "silu_mul_mx_quantize"):
+        expanded = expand and fmt == "mxfp4"       # the GEMMs read the fused kernels' expanded copies
+        suffix = "_expanded" if expanded else ""
+        for op in ("add_rms_norm_mx_quantize" + suffix, "silu_mul_mx_quantize" + suffix):
             assert code.count(f"torch.ops.tilefly.{op}.default(") == (1 if fused else 0), (op, fused)
-        assert code.count("a_expanded=buf") == int(expanded)
+        assert code.count("a_expanded=buf") == 2 * int(expanded)       # gate/up and down
         if not expand:
             outs[fused] = out
         else:      # the expanded reads give the unpacking build's bits

@@ -13,17 +13,21 @@ K / 32) E8M0 bytes, NO_SWIZZLE) is two uint8 tensors:
   first, then its 16 odd-K ones (fp4_unpack's order, which the GEMM's X operand shares);
 - ``expanded_scales`` (rows, K / 32): one E8M0 byte a block, what the byte's value is to be scaled by.
 
-A row is **folded** when every block that holds a nonzero value has a scale within EXPAND_SPAN of the
-row's largest, ``top``, and none is NaN (255): its bytes are E2M1 value x 2^(scale - top), exact in
+Each row is cut into fold groups of consecutive blocks: the whole row where the producing kernel holds
+rows (the fused RMSNorm's), its chunks of CHUNK_BLOCKS where programs take chunks (the SiLU product's). A
+group is **folded** when every block in it that holds a nonzero value has a scale within EXPAND_SPAN of
+the group's largest, ``top``, and none is NaN (255): its bytes are E2M1 value x 2^(scale - top), exact in
 E4M3 (0.5 x 2^-8 is its smallest subnormal, 6 its largest normal here), and its every expanded scale is
-``top``. Any other row keeps its values (E2M1 is a subset of E4M3) and its own scales. Either way
-``expanded x 2^(expanded_scales - 127)`` is the quantized activation, exactly; a GEMM program whose rows'
-expanded scales are constant over its K-range multiplies by them once per column, after its K loop.
+``top``. Any other group keeps its values (E2M1 is a subset of E4M3) and its own scales. Either way
+``expanded x 2^(expanded_scales - 127)`` is the quantized activation, exactly. A GEMM program whose rows'
+expanded scales are constant over its K-range (inside one folded group) multiplies by them once per
+column, after its K loop; others scale every block as the unfolded build does, still without an unpack.
 
 MXLinear passes the expanded copy with its F.scaled_mm call through ``offering``; tilefly's launcher
 (ops/mx_gemm/launch.py) takes it where it would run a folded MXFP4 build and the copy matches the call's
 activation, and ignores it otherwise. ``expand_rows_ops`` computes it with PyTorch ops (CPU, tests); the
-fused add + RMSNorm + quantization kernel writes it (tilefly.mx.norm_quant).
+fused add + RMSNorm + quantization kernel (tilefly.mx.norm_quant) and the fused SiLU product +
+quantization kernel (tilefly.mx.silu_quant) write it.
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ def kernel_order(values: torch.Tensor) -> torch.Tensor:
 
 
 def folded_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(folded, top) per row of E2M1 codes (rows, K, int) and their scale bytes (rows, K / 32, int)."""
+    """(folded, top) per row of E2M1 codes (rows, K, int) and their scale bytes (rows, K / 32, int), each
+    row one fold group."""
     rows, k = codes.shape
     nonzero = ((codes & 7) != 0).view(rows, k // BLOCK, BLOCK).any(-1)
     top = scales.amax(-1, keepdim=True)
@@ -53,22 +58,27 @@ def folded_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
     return near.all(-1) & (top[:, 0] != E8M0_NAN), top[:, 0]
 
 
-def expand_rows_ops(data: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def expand_rows_ops(data: torch.Tensor, scales: torch.Tensor, group_blocks: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(expanded, expanded_scales) of packed MXFP4 rows ``data`` (rows, K / 2 uint8) and their scale bytes
-    ``scales`` (rows, K / 32 uint8, NO_SWIZZLE), as the module docstring defines them, with PyTorch ops."""
+    ``scales`` (rows, K / 32 uint8, NO_SWIZZLE), as the module docstring defines them, with PyTorch ops;
+    fold groups of ``group_blocks`` blocks (None: whole rows)."""
     rows, half = data.shape
     k = 2 * half
     packed = data.to(torch.int32)
     codes = torch.stack((packed & 15, packed >> 4), dim=-1).view(rows, k)      # even K in the low nibble
     e = scales.to(torch.int32)
-    folded, top = folded_rows(codes, e)
+    step = group_blocks or max(k // BLOCK, 1)
+    shift, expanded_scales = torch.zeros_like(e), torch.empty_like(e)
+    for first in range(0, k // BLOCK, step):
+        blocks = slice(first, first + step)
+        folded, top = folded_rows(codes[:, blocks.start * BLOCK:blocks.stop * BLOCK], e[:, blocks])
+        shift[:, blocks] = torch.where(folded[:, None], e[:, blocks] - top[:, None], 0)
+        expanded_scales[:, blocks] = torch.where(folded[:, None], top[:, None], e[:, blocks])
     table = torch.tensor(_E2M1_MAGNITUDES, dtype=torch.float32, device=data.device)
     values = table[codes & 7] * torch.where(codes & 8 != 0, -1.0, 1.0)
-    shift = torch.where(folded[:, None], e - top[:, None], 0).repeat_interleave(BLOCK, dim=1)
-    values = torch.ldexp(values, shift.to(torch.float32))       # exact: a power of two, E4M3 has the result
-    expanded = kernel_order(values.to(torch.float8_e4m3fn).view(torch.uint8))
-    expanded_scales = torch.where(folded[:, None], top[:, None], e).to(torch.uint8)
-    return expanded, expanded_scales
+    values = torch.ldexp(values, shift.repeat_interleave(BLOCK, dim=1).to(torch.float32))   # exact: E4M3 has it
+    return kernel_order(values.to(torch.float8_e4m3fn).view(torch.uint8)), expanded_scales.to(torch.uint8)
 
 
 # ---- MXLinear's offer to the launcher --------------------------------------------------------------------

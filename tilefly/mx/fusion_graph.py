@@ -1,18 +1,23 @@
 """FX pieces shared by the post-grad pass's fusion steps (tilefly.mx.norm_fusion, tilefly.mx.silu_fusion):
-finding the product an MX quantization reads, and putting a fused op in the quantization's place."""
+finding the product an MX quantization reads, putting a fused op in the quantization's place, and handing
+the GEMMs that read it the op's expanded copy (tilefly.mx.expanded)."""
 from __future__ import annotations
 
 import operator
 
 import torch
 
+import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
 import tilefly.mx.quant_op  # noqa: F401 - registers tilefly::mx_quantize_rows
+import tilefly.mx.siblings  # noqa: F401 - registers tilefly::mx_linear_mm_packed
+from tilefly import config
 from tilefly.mx import formats
 
 aten = torch.ops.aten
 RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 QUANTIZE = torch.ops.tilefly.mx_quantize_rows.default
 CAST = torch.ops.prims.convert_element_type.default
+GEMMS = (torch.ops.tilefly.mx_linear_mm.default, torch.ops.tilefly.mx_linear_mm_packed.default)
 
 
 def is_call(node, target, nargs: int | None = None) -> bool:
@@ -81,3 +86,19 @@ def replace_quantization(graph: torch.fx.Graph, quant: torch.fx.Node, fused: tor
     for node in chain:
         graph.erase_node(node)
     return parts
+
+
+def expanded_readers(quant: torch.fx.Node, fmt: str) -> list[torch.fx.Node]:
+    """The MX GEMM calls (``mx_linear_mm``, ``mx_linear_mm_packed``) whose activation is ``quant``'s data output,
+    when a fused op may hand them its expanded copy (MXFP4, ``config.mx_expanded_activation``; tilefly.mx.expanded);
+    else none."""
+    if fmt != "mxfp4" or not config.mx_expanded_activation:
+        return []
+    data = [u for u in quant.users if u.target is operator.getitem and u.args[1] == 0]
+    return [r for d in data for r in d.users if r.op == "call_function" and r.target in GEMMS and r.args[0] is d]
+
+
+def hand_expanded(readers: list[torch.fx.Node], copy: torch.fx.Node, copy_scales: torch.fx.Node) -> None:
+    """Give each GEMM call in ``readers`` the expanded copy of its activation."""
+    for reader in readers:
+        reader.kwargs = {**reader.kwargs, "a_expanded": copy, "a_expanded_scales": copy_scales}

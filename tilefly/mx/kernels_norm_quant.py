@@ -68,4 +68,4 @@ def add_rms_norm_mx_quantize_kernel(a_ptr, b_ptr, w_ptr, h_ptr, data_ptr, scale_
     scale, y = block_scales(tl.reshape(x, [BLOCKS, SCALE_BLOCK]), EMAX)
     store_blocks(data_ptr, scale_ptr, row * (K // SCALE_BLOCK) + blk, scale, y, live_blk, FP4, BLOCKS)
     if EXPAND:   # MXFP4: the expanded copy too (tilefly.mx.expanded), from the same registers
-        store_expanded(expanded_ptr, expanded_scale_ptr, row, K, scale, y, live_blk, BLOCKS)
+        store_expanded(expanded_ptr, expanded_scale_ptr, row, K, 0, scale, y, live_blk, BLOCKS)   # a whole row

@@ -116,12 +116,13 @@ def e2m1_values(code):
 
 
 @triton.jit
-def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, scale, y, live, BLOCKS: tl.constexpr):
-    """Store one row's expanded copy (tilefly.mx.expanded) from its MXFP4 blocks: E8M0 codes ``scale``
-    [BLOCKS] and scaled values ``y`` [BLOCKS, 32] (blocks past the row not ``live``). A folded row (every
-    block holding a nonzero code within EXPAND_SPAN of the row's top scale, none NaN) stores E2M1 value x
-    2^(scale - top), exact in E4M3, and ``top`` as every block's scale; another row its E2M1 values and own
-    scales. Values go in the MX GEMM's unpack order: a block's even K, then its odd K."""
+def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, first_block, scale, y, live, BLOCKS: tl.constexpr):
+    """Store the expanded copy (tilefly.mx.expanded) of one fold group, BLOCKS MXFP4 blocks of a row from
+    block ``first_block``: their E8M0 codes ``scale`` [BLOCKS] and scaled values ``y`` [BLOCKS, 32] (blocks
+    past the row not ``live``). A folded group (every block holding a nonzero code within EXPAND_SPAN of the
+    group's top scale, none NaN) stores E2M1 value x 2^(scale - top), exact in E4M3, and ``top`` as every
+    block's scale; another group its E2M1 values and own scales. Values go in the MX GEMM's unpack order: a
+    block's even K, then its odd K."""
     code = e2m1_codes(y)
     top = tl.max(tl.where(live, scale, 0), axis=0)
     nonzero = tl.max(code & 7, axis=1) > 0
@@ -131,7 +132,7 @@ def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, scale, y, live, BLO
     value = e2m1_values(code) * ((shift + 127) << 23).to(tl.float32, bitcast=True)[:, None]
     element = tl.arange(0, SCALE_BLOCK)
     order = (element % 2) * (SCALE_BLOCK // 2) + element // 2
-    blk = tl.arange(0, BLOCKS)
+    blk = first_block + tl.arange(0, BLOCKS)
     tl.store(expanded_ptr + row * K + blk[:, None] * SCALE_BLOCK + order[None, :], e4m3_codes(value).to(tl.uint8),
              mask=live[:, None])
     tl.store(expanded_scale_ptr + row * (K // SCALE_BLOCK) + blk, tl.where(folded, top, scale).to(tl.uint8),

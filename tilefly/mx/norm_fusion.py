@@ -23,16 +23,12 @@ get its expanded copy too (tilefly.mx.expanded says why).
 from __future__ import annotations
 
 import logging
-import operator
 
 import torch
 
-import tilefly.mx.linear  # noqa: F401 - registers tilefly::mx_linear_mm
-import tilefly.mx.siblings  # noqa: F401 - registers tilefly::mx_linear_mm_packed
-from tilefly import config
 from tilefly.mx import formats, norm_quant
-from tilefly.mx.fusion_graph import drop_dead_pure_nodes, fake_value, is_call, only_user, quantized_product, \
-    replace_quantization
+from tilefly.mx.fusion_graph import drop_dead_pure_nodes, expanded_readers, fake_value, hand_expanded, is_call, \
+    only_user, quantized_product, replace_quantization
 
 _log = logging.getLogger("tilefly.mx")
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -82,15 +78,6 @@ def _match(quant: torch.fx.Node):
                                                                                            mean, power, c0])
 
 
-GEMMS = (torch.ops.tilefly.mx_linear_mm.default, torch.ops.tilefly.mx_linear_mm_packed.default)
-
-
-def gemm_readers(quant: torch.fx.Node) -> list[torch.fx.Node]:
-    """The MX GEMM calls (``mx_linear_mm``, ``mx_linear_mm_packed``) whose activation is ``quant``'s data output."""
-    data = [u for u in quant.users if u.target is operator.getitem and u.args[1] == 0]
-    return [r for d in data for r in d.users if r.op == "call_function" and r.target in GEMMS and r.args[0] is d]
-
-
 def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
     """Replace every match (module docstring) by one op call; returns how many. MXFP4 quantizations that MX
     GEMMs read become the op's expanded build when ``config.mx_expanded_activation`` is on: the GEMM calls get
@@ -104,7 +91,7 @@ def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
         if found is None or order[found["weight"]] > order[found["h"]]:
             continue
         h, fmt = found["h"], found["fmt"]
-        readers = gemm_readers(quant) if fmt == "mxfp4" and config.mx_expanded_activation else []
+        readers = expanded_readers(quant, fmt)
         with graph.inserting_after(h):
             if readers:
                 fused = graph.call_function(torch.ops.tilefly.add_rms_norm_mx_quantize_expanded.default,
@@ -114,8 +101,8 @@ def fuse_norm_quantization(graph: torch.fx.Graph) -> int:
                                             (found["a"], found["b"], found["weight"], found["eps"], fmt))
         fused.meta["val"] = norm_quant.fake_outputs(fake_value(h), formats.ELEMENTS[fmt], expand=bool(readers))
         parts = replace_quantization(graph, quant, fused, 1, found["chain"])
-        for reader in readers:
-            reader.kwargs = {**reader.kwargs, "a_expanded": parts[3], "a_expanded_scales": parts[4]}
+        if readers:
+            hand_expanded(readers, parts[3], parts[4])
         h.replace_all_uses_with(parts[0])
         graph.erase_node(h)
         done += 1

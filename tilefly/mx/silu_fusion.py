@@ -18,8 +18,8 @@ import logging
 import torch
 
 from tilefly.mx import formats, silu_quant
-from tilefly.mx.fusion_graph import drop_dead_pure_nodes, fake_value, is_call, only_user, quantized_product, \
-    replace_quantization
+from tilefly.mx.fusion_graph import drop_dead_pure_nodes, expanded_readers, fake_value, hand_expanded, is_call, \
+    only_user, quantized_product, replace_quantization
 
 _log = logging.getLogger("tilefly.mx")
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -56,18 +56,24 @@ def _match(quant: torch.fx.Node):
 
 
 def fuse_silu_quantization(graph: torch.fx.Graph) -> int:
-    """Replace every match (module docstring) by one op call; returns how many."""
-    fused_op = torch.ops.tilefly.silu_mul_mx_quantize.default
+    """Replace every match (module docstring) by one op call; returns how many. MXFP4 quantizations that MX
+    GEMMs read become the op's expanded build under ``config.mx_expanded_activation`` (as in norm_fusion)."""
     drop_dead_pure_nodes(graph)
     done = 0
     for quant in list(graph.nodes):
         if (found := _match(quant)) is None:
             continue
         gate, up, fmt, chain = found
+        readers = expanded_readers(quant, fmt)
         with graph.inserting_before(quant):
-            fused = graph.call_function(fused_op, (gate, up, fmt))
-        fused.meta["val"] = silu_quant.fake_outputs(fake_value(gate), formats.ELEMENTS[fmt])
-        replace_quantization(graph, quant, fused, 0, chain)
+            if readers:
+                fused = graph.call_function(torch.ops.tilefly.silu_mul_mx_quantize_expanded.default, (gate, up))
+            else:
+                fused = graph.call_function(torch.ops.tilefly.silu_mul_mx_quantize.default, (gate, up, fmt))
+        fused.meta["val"] = silu_quant.fake_outputs(fake_value(gate), formats.ELEMENTS[fmt], expand=bool(readers))
+        parts = replace_quantization(graph, quant, fused, 0, chain)
+        if readers:
+            hand_expanded(readers, parts[2], parts[3])
         done += 1
     _log.debug("tilefly.mx: %d SiLU product + quantization sites fused into one op each", done)
     return done

@@ -10,7 +10,9 @@ It returns ``(data, scale_bytes)``: ``quantize_rows`` of ``silu(gate) * up``'s r
 exactly as ``mx_quantize_rows`` returns them. gate and up may be strided rows (column slices of one packed
 gate/up GEMM output) as long as each row's elements are contiguous. Where the kernel does not serve (CPU
 tensors, a dtype other than BF16, a row length that is not a multiple of 32, a failed launch) the PyTorch
-ops compute the values (``silu_mul_quantize_ops``).
+ops compute the values (``silu_mul_quantize_ops``). ``tilefly::silu_mul_mx_quantize_expanded`` (MXFP4)
+also returns their expanded copy, which the down projection's GEMM takes instead of unpacking the nibbles
+(tilefly.mx.expanded; each program's chunk of CHUNK_BLOCKS blocks is one fold group).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tilefly import config
-from tilefly.mx import formats
+from tilefly.mx import expanded, formats
 from tilefly.mx.formats import BLOCK, ElementFormat
 from tilefly.mx.quant import kernel_or_ops, quantize_rows_ops
 
@@ -69,25 +71,26 @@ def _kernel():
     return silu_mul_mx_quantize_kernel
 
 
-def silu_mul_quantize_kernel(gate, up, spec: ElementFormat, out=None):
+def silu_mul_quantize_kernel(gate, up, spec: ElementFormat, out=None, expand: bool = False):
     """kernels_silu_quant's kernel on BF16 operands (CPU tensors: Triton's interpreter, for the CI
-    checks); ``out``: (data, scale bytes) to write into."""
+    checks); ``out``: (data, scale bytes[, expanded, expanded scales]) to write into. ``expand`` (MXFP4):
+    also the expanded copy (tilefly.mx.expanded, fold groups of CHUNK_BLOCKS), returned after the scales."""
     from tilefly import _triton_launch
 
     g, u = _rows(gate), _rows(up)
     rows, n = g.shape
     if out is None:
-        out = (torch.empty((rows, n // spec.per_byte), dtype=torch.uint8, device=g.device),
-               torch.empty((rows, n // BLOCK), dtype=torch.uint8, device=g.device))
-    data, scale_bits = out
+        out = fake_outputs(g, spec, expand)
     if rows:
         chunks = -(-(n // BLOCK) // CHUNK_BLOCKS)
+        extra = out[2:4] if expand else out[0:2]     # the unexpanded build never touches these two
         _triton_launch.launch_direct(_launches, _kernel, (rows, chunks),
-                                     (g.view(torch.int16), u.view(torch.int16), data, scale_bits),
+                                     (g.view(torch.int16), u.view(torch.int16), *out[0:2], *extra),
                                      (n, g.stride(0), u.stride(0)),
                                      dict(EMAX=spec.emax, FP4=spec.name == "mxfp4", BLOCKS=CHUNK_BLOCKS,
-                                          TRIGGER=bool(config.mx_pdl and g.is_cuda)), num_warps=NUM_WARPS)
-    return data, scale_bits
+                                          TRIGGER=bool(config.mx_pdl and g.is_cuda), EXPAND=expand),
+                                     num_warps=NUM_WARPS)
+    return out
 
 
 @torch.library.custom_op("tilefly::silu_mul_mx_quantize", mutates_args=())
@@ -104,9 +107,34 @@ def _silu_mul_mx_quantize_fake(gate, up, fmt):
     return fake_outputs(gate, formats.ELEMENTS[fmt])
 
 
-def fake_outputs(gate: torch.Tensor, spec: ElementFormat):
-    """Empty tensors shaped as the op's outputs for a ``gate`` (real or fake)."""
+def silu_mul_quantize_expanded_ops(gate, up):
+    """``silu_mul_quantize_ops`` to MXFP4, then the expanded copy (tilefly.mx.expanded) in the kernel's chunks."""
+    data, scale_bits = silu_mul_quantize_ops(gate, up, formats.ELEMENTS["mxfp4"])
+    return (data, scale_bits) + expanded.expand_rows_ops(data, scale_bits, CHUNK_BLOCKS)
+
+
+@torch.library.custom_op("tilefly::silu_mul_mx_quantize_expanded", mutates_args=())
+def silu_mul_mx_quantize_expanded(gate: torch.Tensor, up: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``silu_mul_mx_quantize(gate, up, "mxfp4")``'s bytes, then their expanded copy (expanded, expanded scale
+    bytes; tilefly.mx.expanded, fold groups of CHUNK_BLOCKS blocks), from the same kernel."""
+    spec = formats.ELEMENTS["mxfp4"]
+    return kernel_or_ops(_kernel_failed, gate, kernel_reason(gate, up),
+                         lambda: silu_mul_quantize_kernel(gate, up, spec, expand=True),
+                         lambda: silu_mul_quantize_expanded_ops(gate, up), "SiLU product + quantization")
+
+
+@silu_mul_mx_quantize_expanded.register_fake
+def _silu_mul_mx_quantize_expanded_fake(gate, up):
+    return fake_outputs(gate, formats.ELEMENTS["mxfp4"], expand=True)
+
+
+def fake_outputs(gate: torch.Tensor, spec: ElementFormat, expand: bool = False):
+    """Empty tensors shaped as the op's outputs for a ``gate`` (real or fake); ``expand``: the expanded op's."""
     n = gate.shape[-1]
     rows = gate.numel() // n
-    return (gate.new_empty((rows, n // spec.per_byte), dtype=torch.uint8),
-            gate.new_empty((rows, n // BLOCK), dtype=torch.uint8))
+    out = (gate.new_empty((rows, n // spec.per_byte), dtype=torch.uint8),
+           gate.new_empty((rows, n // BLOCK), dtype=torch.uint8))
+    if expand:
+        out += (gate.new_empty((rows, n), dtype=torch.uint8), gate.new_empty((rows, n // BLOCK), dtype=torch.uint8))
+    return out

@@ -29,8 +29,8 @@ ATEN_GEMM = re.compile(r"\bextern_kernels\.(mm|addmm|bmm|_scaled_mm|scaled_mm)\(
 MX_OP_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm\.default\(")   # not the asserts naming it
 MX_PACKED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.mx_linear_mm_packed\.default\(")
 MX_FUSED_NORM_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.add_rms_norm_mx_quantize(?:_expanded)?\.default\(")
-MX_EXPANDED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.add_rms_norm_mx_quantize_expanded\.default\(")
-MX_FUSED_SILU_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.silu_mul_mx_quantize\.default\(")
+MX_EXPANDED_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.(?:add_rms_norm|silu_mul)_mx_quantize_expanded\.default\(")
+MX_FUSED_SILU_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.silu_mul_mx_quantize(?:_expanded)?\.default\(")
 MX_FUSED_ATTENTION_CALL = re.compile(r"=\s*torch\.ops\.tilefly\.attention_mx_quantize\.default\(")
 
 

@@ -38,6 +38,8 @@ def interpreter_checks():
     checks += [(f"add_rms_norm_quantize_expanded[{rows}x{k},{weight}]",
                 functools.partial(check_norm_quantize_expanded, rows, k, weight))
                for rows, k, weight in ((7, 320, "spread"), (6, 4096, "plain"))]
+    checks += [(f"silu_mul_quantize_expanded[{rows}x{n}]", functools.partial(check_silu_quantize_expanded, rows, n))
+               for rows, n in ((6, 2112), (5, 4160))]
     checks += [(f"silu_mul_quantize[{fmt},{rows}x{n}]", functools.partial(check_silu_quantize, fmt, rows, n))
                for fmt, rows, n in (("mxfp8", 8, 96), ("mxfp4", 8, 2112), ("mxfp8", 9, 4160))]
     return checks
@@ -143,6 +145,36 @@ def silu_quantize_input(rows: int, n: int, seed: int):
     packed[1, 5], packed[2, 7] = float("nan"), float("inf")
     packed = packed.to(torch.bfloat16)
     return packed[:, :n], packed[:, n:]
+
+
+def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None:
+    """The MXFP4 build that also writes the expanded copy: its data and scale bytes are the plain build's, bit
+    for bit, and its copy is ``expand_rows_ops`` of them in fold groups of the kernel's chunks (NaN-scale
+    blocks' bytes aside), every output poisoned first. ``up`` is scaled by 2^0 .. 2^-9 across blocks, so that
+    chunks fold and chunks keep their scales."""
+    import os
+
+    import torch
+
+    from tilefly.mx import expanded, formats, silu_quant
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    gate, up = (t.to(device) for t in silu_quantize_input(rows, n, seed))
+    up = (up.float() * torch.exp2(-(torch.arange(n, device=device) // formats.BLOCK % 10).float())).to(up.dtype)
+    spec = formats.ELEMENTS["mxfp4"]
+    plain = silu_quant.silu_mul_quantize_kernel(gate, up, spec)
+    poisoned = tuple(torch.full_like(t, 0x5A) for t in silu_quant.fake_outputs(gate, spec, expand=True))
+    got = silu_quant.silu_mul_quantize_kernel(gate, up, spec, out=poisoned, expand=True)
+    want = expanded.expand_rows_ops(got[0], got[1], silu_quant.CHUNK_BLOCKS)
+    nan_blocks = got[1] == 255
+    same = {"data": got[0] == plain[0], "scales": got[1] == plain[1],
+            "expanded": (got[2] == want[0]) | nan_blocks.repeat_interleave(formats.BLOCK, dim=1),
+            "expanded scales": got[3] == want[1]}
+    for name, ok in same.items():
+        if not ok.all():
+            raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (seed {seed})")
+    if torch.equal(got[3], got[1]):
+        raise AssertionError(f"no chunk folded (seed {seed})")
 
 
 def check_silu_quantize(fmt: str, rows: int, n: int, device: str = "cpu") -> None:

@@ -577,17 +577,21 @@ def norm_quantize_specs():
 
 def silu_quantize_specs():
     """tilefly.mx's fused SiLU product + quantization kernel (tilefly/mx/kernels_silu_quant.py) for both
-    formats, on rows strided as column slices of a packed gate/up output; 16-byte loads."""
+    formats, on rows strided as column slices of a packed gate/up output, and MXFP4's build that writes the
+    expanded copy too (tilefly.mx.expanded); 16-byte loads."""
     from tilefly.compile_check import KernelSpec
     from tilefly.mx import formats, silu_quant
 
-    sig = {"g_ptr": "*i16", "u_ptr": "*i16", "data_ptr": "*u8", "scale_ptr": "*u8", "N": "i32", "stride_g": "i32",
-           "stride_u": "i32", "EMAX": "constexpr", "FP4": "constexpr", "BLOCKS": "constexpr", "TRIGGER": "constexpr"}
-    return [KernelSpec(f"mx.silu_mul_quantize[{fmt}{',trigger' if trigger else ''}]", _silu_quantize_kernel, sig,
+    sig = {"g_ptr": "*i16", "u_ptr": "*i16", "data_ptr": "*u8", "scale_ptr": "*u8", "expanded_ptr": "*u8",
+           "expanded_scale_ptr": "*u8", "N": "i32", "stride_g": "i32", "stride_u": "i32", "EMAX": "constexpr",
+           "FP4": "constexpr", "BLOCKS": "constexpr", "TRIGGER": "constexpr", "EXPAND": "constexpr"}
+    builds = [(fmt, trigger, False) for fmt in FORMATS for trigger in (False, True)] + [("mxfp4", True, True)]
+    return [KernelSpec(f"mx.silu_mul_quantize[{fmt}{',trigger' if trigger else ''}{',expand' if expand else ''}]",
+                       _silu_quantize_kernel, sig,
                        dict(EMAX=formats.ELEMENTS[fmt].emax, FP4=fmt == "mxfp4", BLOCKS=silu_quant.CHUNK_BLOCKS,
-                            TRIGGER=trigger),
-                       attrs={(i,): [["tt.divisibility", 16]] for i in range(7)}, num_warps=silu_quant.NUM_WARPS,
-                       sass_must_contain=("LDG.E.128",)) for fmt in FORMATS for trigger in (False, True)]
+                            TRIGGER=trigger, EXPAND=expand),
+                       attrs={(i,): [["tt.divisibility", 16]] for i in range(9)}, num_warps=silu_quant.NUM_WARPS,
+                       sass_must_contain=("LDG.E.128",)) for fmt, trigger, expand in builds]
 
 
 def upcast_specs():
