@@ -130,11 +130,17 @@ def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, first_block, scale,
     folded = (tl.min(near.to(tl.int32), axis=0) > 0) & (top != E8M0_NAN)
     shift = tl.where(folded, scale - top, 0)          # >= -EXPAND_SPAN where it matters: 2^shift is a normal
     value = e2m1_values(code) * ((shift + 127) << 23).to(tl.float32, bitcast=True)[:, None]
-    element = tl.arange(0, SCALE_BLOCK)
-    order = (element % 2) * (SCALE_BLOCK // 2) + element // 2
+    # A thread holds half a block, 16 consecutive K (module docstring): its 8 even ones land at 8 consecutive
+    # bytes of the block's first half, its 8 odd ones at 8 of its second half. Split so, each half is one
+    # 8-byte store a thread; stored by computed offsets, they were 16 byte stores each touching its own
+    # sector (the e2e step's fused norm kernel took 7.6 us a call against 3.3, BENCHMARKS.md session 42).
+    HALF: tl.constexpr = SCALE_BLOCK // 2
+    even, odd = tl.split(tl.reshape(e4m3_codes(value).to(tl.uint8), [BLOCKS, 2, HALF // 2, 2]))
     blk = first_block + tl.arange(0, BLOCKS)
-    tl.store(expanded_ptr + row * K + blk[:, None] * SCALE_BLOCK + order[None, :], e4m3_codes(value).to(tl.uint8),
-             mask=live[:, None])
+    at = (expanded_ptr + row * K + blk[:, None, None] * SCALE_BLOCK
+          + (tl.arange(0, 2) * (HALF // 2))[None, :, None] + tl.arange(0, HALF // 2)[None, None, :])
+    tl.store(at, even, mask=live[:, None, None])
+    tl.store(at + HALF, odd, mask=live[:, None, None])
     tl.store(expanded_scale_ptr + row * (K // SCALE_BLOCK) + blk, tl.where(folded, top, scale).to(tl.uint8),
              mask=live)
 

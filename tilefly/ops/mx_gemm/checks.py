@@ -150,8 +150,8 @@ def silu_quantize_input(rows: int, n: int, seed: int):
 def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None:
     """The MXFP4 build that also writes the expanded copy: its data and scale bytes are the plain build's, bit
     for bit, and its copy is ``expand_rows_ops`` of them in fold groups of the kernel's chunks (NaN-scale
-    blocks' bytes aside), every output poisoned first. ``up`` is scaled by 2^0 .. 2^-9 across blocks, so that
-    chunks fold and chunks keep their scales."""
+    blocks' bytes aside), every output poisoned first. Every other chunk of ``up`` is scaled by 2^0 .. 2^-9
+    across its blocks, so that chunks fold and chunks keep their scales."""
     import os
 
     import torch
@@ -160,7 +160,9 @@ def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None
 
     seed = int.from_bytes(os.urandom(4), "little")
     gate, up = (t.to(device) for t in silu_quantize_input(rows, n, seed))
-    up = (up.float() * torch.exp2(-(torch.arange(n, device=device) // formats.BLOCK % 10).float())).to(up.dtype)
+    block = torch.arange(n, device=device) // formats.BLOCK
+    spread = (block % 10) * (block // silu_quant.CHUNK_BLOCKS % 2)
+    up = (up.float() * torch.exp2(-spread.float())).to(up.dtype)
     spec = formats.ELEMENTS["mxfp4"]
     plain = silu_quant.silu_mul_quantize_kernel(gate, up, spec)
     poisoned = tuple(torch.full_like(t, 0x5A) for t in silu_quant.fake_outputs(gate, spec, expand=True))
@@ -173,8 +175,8 @@ def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None
     for name, ok in same.items():
         if not ok.all():
             raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (seed {seed})")
-    if torch.equal(got[3], got[1]):
-        raise AssertionError(f"no chunk folded (seed {seed})")
+    if torch.equal(got[3], got[1]) or n > formats.BLOCK * silu_quant.CHUNK_BLOCKS and (got[3] != got[1]).all(1).any():
+        raise AssertionError(f"expected folded chunks and kept ones (seed {seed})")
 
 
 def check_silu_quantize(fmt: str, rows: int, n: int, device: str = "cpu") -> None:
