@@ -45,13 +45,13 @@ def test_the_copy_holds_the_quantized_values_exactly():
 
 
 def test_rows_fold_within_the_span_of_their_nonzero_blocks():
-    x = _block_scaled(4, 12, [0, 0, 0, 0])
+    x = torch.full((4, 384), 1.5) * torch.tensor([1.0, -1.0]).repeat(192)      # every block's scale 2^-2
     x[1, 32:64] *= 2.0 ** -(expanded.EXPAND_SPAN)        # one block exactly EXPAND_SPAN below the rest
     x[2, 32:64] *= 2.0 ** -(expanded.EXPAND_SPAN + 1)    # one step further
     x[3, 32:64] = 0.0                                    # a zero block: its scale (0) does not count
     data, scales = _quantized(x)
     e = scales.int()
-    assert (e[1].max() - e[1, 1]).item() == expanded.EXPAND_SPAN and (e[2].max() - e[2, 1]).item() > 8
+    assert (e[1].max() - e[1, 1]).item() == expanded.EXPAND_SPAN and (e[2].max() - e[2, 1]).item() == 9
     codes = torch.stack((data.int() & 15, data.int() >> 4), -1).view(4, -1)
     folded, top = expanded.folded_rows(codes, e)
     assert folded.tolist() == [True, True, False, True] and torch.equal(top, e.amax(1))
@@ -125,14 +125,19 @@ def _gemm_layer(fmt):
     return f
 
 
-@pytest.mark.parametrize("fmt, option, expand", [("mxfp4", True, True), ("mxfp4", False, False),
-                                                 ("mxfp8", True, False)])
-def test_the_pass_hands_gemms_the_copy_of_mxfp4_only_under_the_option(monkeypatch, compile_fused, reference, fmt,
-                                                                       option, expand):
+@pytest.mark.parametrize("fmt, option, tokens, expand", [("mxfp4", True, 32, True), ("mxfp4", False, 32, False),
+                                                         ("mxfp8", True, 32, False), ("mxfp4", True, 16, False)])
+def test_the_pass_hands_gemms_the_copy_of_mxfp4_only_under_the_option_where_read(monkeypatch, compile_fused, reference,
+                                                                                  fmt, option, tokens, expand):
+    """MXFP4 under ``config.mx_expanded_activation``, and only where the GEMM's build reads it: 17-32 tokens
+    (configs.reads_expanded; at 16 tokens the pick unpacks without folding)."""
+    from tilefly.ops.mx_gemm import configs
+
+    assert configs.reads_expanded(tokens, 64, 128) == (tokens == 32)
     monkeypatch.setattr(config, "mx_expanded_activation", option)
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)   # the pass must run
     f = _gemm_layer(fmt)
-    a, b = torch.randn(4, 1, 128).bfloat16(), torch.randn(4, 1, 128).bfloat16()
+    a, b = torch.randn(tokens, 1, 128).bfloat16(), torch.randn(tokens, 1, 128).bfloat16()
     out, code = compile_fused(f, a, b)
     assert code.count("torch.ops.tilefly.add_rms_norm_mx_quantize_expanded.default(") == int(expand)
     assert code.count("torch.ops.tilefly.add_rms_norm_mx_quantize.default(") == int(not expand)

@@ -146,7 +146,7 @@ def test_every_norm_after_a_residual_add_and_every_mlp_product_fuse_in_a_transfo
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)   # the pass must run
     model = models.build_model(name)
     models.apply_precision(model, "mxfp4", backend="scaled_mm", swizzle="none")
-    ids = torch.randint(0, model.config.vocab_size, (2, 1))
+    ids = torch.randint(0, model.config.vocab_size, (24, 1))     # 24 tokens: the GEMMs read expanded copies
 
     def step(ids):
         return model(input_ids=ids).logits

@@ -89,13 +89,29 @@ def replace_quantization(graph: torch.fx.Graph, quant: torch.fx.Node, fused: tor
 
 
 def expanded_readers(quant: torch.fx.Node, fmt: str) -> list[torch.fx.Node]:
-    """The MX GEMM calls (``mx_linear_mm``, ``mx_linear_mm_packed``) whose activation is ``quant``'s data output,
-    when a fused op may hand them its expanded copy (MXFP4, ``config.mx_expanded_activation``; tilefly.mx.expanded);
-    else none."""
+    """The MX GEMM calls (``mx_linear_mm``, ``mx_linear_mm_packed``) whose activation is ``quant``'s data output
+    and whose kernel would read it expanded (``_reads_expanded``), when a fused op may hand them its expanded
+    copy (MXFP4, ``config.mx_expanded_activation``; tilefly.mx.expanded); else none. Nobody reads a copy made
+    for other GEMMs: at 16 tokens writing it cost the Llama-3.1-8B MXFP4 step 89 us (BENCHMARKS.md session 42)."""
     if fmt != "mxfp4" or not config.mx_expanded_activation:
         return []
     data = [u for u in quant.users if u.target is operator.getitem and u.args[1] == 0]
-    return [r for d in data for r in d.users if r.op == "call_function" and r.target in GEMMS and r.args[0] is d]
+    return [r for d in data for r in d.users
+            if r.op == "call_function" and r.target in GEMMS and r.args[0] is d and _reads_expanded(r)]
+
+
+def _reads_expanded(gemm: torch.fx.Node) -> bool:
+    """Whether the MX GEMM kernel tilefly would run for this call reads an expanded activation: the pick for its
+    shape (the fake values') folds Y with X from registers (tilefly.ops.mx_gemm.configs.reads_expanded)."""
+    from tilefly.ops.mx_gemm import configs
+
+    activation = fake_value(gemm.args[0])
+    weights = gemm.args[1] if isinstance(gemm.args[1], (list, tuple)) else [gemm.args[1]]
+    shapes = [fake_value(w) for w in weights]
+    if activation is None or activation.dim() != 2 or any(w is None or w.dim() != 2 for w in shapes):
+        return False
+    tokens, rows, k = activation.shape[0], sum(w.shape[0] for w in shapes), 2 * activation.shape[1]
+    return all(isinstance(v, int) for v in (tokens, rows, k)) and configs.reads_expanded(tokens, rows, k)
 
 
 def hand_expanded(readers: list[torch.fx.Node], copy: torch.fx.Node, copy_scales: torch.fx.Node) -> None:

@@ -116,6 +116,11 @@ def e2m1_values(code):
 
 
 @triton.jit
+def _max_and_min(a_high, a_low, b_high, b_low):
+    return tl.maximum(a_high, b_high), tl.minimum(a_low, b_low)
+
+
+@triton.jit
 def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, first_block, scale, y, live, BLOCKS: tl.constexpr):
     """Store the expanded copy (tilefly.mx.expanded) of one fold group, BLOCKS MXFP4 blocks of a row from
     block ``first_block``: their E8M0 codes ``scale`` [BLOCKS] and scaled values ``y`` [BLOCKS, 32] (blocks
@@ -124,10 +129,10 @@ def store_expanded(expanded_ptr, expanded_scale_ptr, row, K, first_block, scale,
     block's scale; another group its E2M1 values and own scales. Values go in the MX GEMM's unpack order: a
     block's even K, then its odd K."""
     code = e2m1_codes(y)
-    top = tl.max(tl.where(live, scale, 0), axis=0)
-    nonzero = tl.max(code & 7, axis=1) > 0
-    near = (top - scale <= EXPAND_SPAN) | ~nonzero | ~live
-    folded = (tl.min(near.to(tl.int32), axis=0) > 0) & (top != E8M0_NAN)
+    nonzero = (tl.max(code & 7, axis=1) > 0) & live
+    # the group's top scale and its lowest nonzero block's, in one reduction across the program
+    top, low = tl.reduce((tl.where(live, scale, 0), tl.where(nonzero, scale, E8M0_NAN)), 0, _max_and_min)
+    folded = (top - low <= EXPAND_SPAN) & (top != E8M0_NAN)
     shift = tl.where(folded, scale - top, 0)          # >= -EXPAND_SPAN where it matters: 2^shift is a normal
     value = e2m1_values(code) * ((shift + 127) << 23).to(tl.float32, bitcast=True)[:, None]
     # A thread holds half a block, 16 consecutive K (module docstring): its 8 even ones land at 8 consecutive

@@ -77,7 +77,7 @@ def describe(p: dict[str, Any]) -> str:
     for key, what in (("mx_fused_norm_calls", "add + RMSNorm"), ("mx_fused_silu_calls", "SiLU product"),
                       ("mx_fused_attention_calls", "attention")):
         mx += f"; fused {what} + MX quantization calls {p[key]}" if p.get(key) else ""
-    mx += f" ({p['mx_expanded_calls']} also expanded)" if p.get("mx_expanded_calls") else ""
+    mx += f"; of those, expanded for the GEMMs {p['mx_expanded_calls']}" if p.get("mx_expanded_calls") else ""
     races = f"; {describe_races(p['races'])}" if p.get("races") else ""
     return f"tilefly {won}; Triton templates {templates}; ATen calls {p['aten_gemm_calls']}{mx}{races}"
 

@@ -356,6 +356,16 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
 
 
+def reads_expanded(tokens: int, weight_rows: int, k: int) -> bool:
+    """Whether an MXFP4 call of ``tokens`` activation rows on ``weight_rows`` weight rows runs a build that reads
+    the activation expanded when offered (launch.py: the pick folds Y and takes X from registers, activations in
+    the Y slot). The post-grad pass asks it before making the fused quantization write the copy."""
+    if not 0 < tokens < weight_rows:
+        return False
+    cfg = pick(weight_rows, tokens, k, "mxfp4")
+    return bool(cfg.fold_y and cfg.x_regs)
+
+
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
     """Configs the benchmark races on this shape: v1's 128-row config and a 64-row variant (twice
     the programs, for shapes with few row tiles), then the v2 builds (``v2_configs``) and, at 33-64
