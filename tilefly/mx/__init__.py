@@ -11,7 +11,9 @@ SWIZZLE_32_4_4 scale layout), ``quant`` (quantize/dequantize and their rounding 
 (that kernel as ``tilefly::mx_quantize_rows`` in compiled graphs), ``shared_quant_pass`` (the
 Inductor pass ``tilefly.enable()`` installs so one activation is quantized once and sibling layers
 run one GEMM), ``linear`` (MXLinear, swap_linears), ``siblings`` (pack_sibling_weights: sibling
-layers' weights back to back, which ``swap_linears`` does and a ``model.to(device)`` undoes).
+layers' weights back to back, which ``swap_linears`` does and a ``model.to(device)`` undoes),
+``expanded`` (MXFP4 activations expanded to the MX GEMM's FP8 operand by the fused quantizing kernels
+of ``norm_quant`` and ``silu_quant``, which the pass's ``norm_fusion`` and ``silu_fusion`` steps put in).
 Importing this compiles nothing and does not import Inductor.
 """
 from tilefly.mx.formats import BLOCK, FORMATS, FP4_VALUES, SWIZZLES

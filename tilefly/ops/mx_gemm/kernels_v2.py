@@ -91,15 +91,15 @@ stacked along M for BLOCK_M = 128):
                     programs take the unfolded path.
     Y_EXPANDED      (FOLD_Y with X_REGS; ``configs.MXConfig.expanded_y``, what the launcher runs when the activation's
                     quantization also wrote it expanded, tilefly.mx.expanded) Y arrives as E4M3 bytes already in the
-                    unpack's order with its block scales folded in (or, on a row whose scales span too far, the exact
-                    E2M1 values), and its scales as one byte per block that says so: the row's top for a folded row,
-                    the block's own otherwise. The ring then holds [BLOCK_N, 128] FP8 Y tiles (128-byte swizzle)
+                    unpack's order with its block scales folded in (or, in a fold group whose scales span too far,
+                    the exact E2M1 values), and its scales as one byte per block that says so: the group's top where
+                    it folds, the block's own otherwise. The ring then holds [BLOCK_N, 128] FP8 Y tiles (128-byte swizzle)
                     that the wgmma reads in place: no Y unpack, no unpacked buffers, no fence, and one wait per slot
                     at its start. X still comes shifted (2^-6) from registers, so every product is 2^-6 of the true
                     one (``add_block``'s PRODUCT_EXP = FOLDED_PRODUCT_EXP) and a program folds when its Y scales are
                     constant along its K-range. Why: the unpack of a 32-token Y slot and the CTA barrier after it cost
                     a 32 x 28672 x 4096 GEMM about 16 % of its time (BENCHMARKS.md session 41, the no-Y-unpack
-                    timing experiment).
+                    timing experiment); reading Y expanded it took 36.6 us against 45.6 (session 42).
     PDL             with ``PDL`` (configs.MXConfig.pdl, launched with Triton's ``launch_pdl``) the program
                     starts with ``wait_prior_grid``: its launch overlaps the kernel ahead, its loads wait.
                     With ``PREFETCH_X`` as well (MXConfig.prefetch_x: X holds constant weight rows,
