@@ -5,7 +5,7 @@ tests/ops/mx_gemm/test_mx_requant.py) and the GPU (test_mx_cuda.py)."""
 import pytest
 import torch
 
-from tilefly import config, mx
+from tilefly import config
 from tilefly.mx import expanded, formats, norm_quant
 from tilefly.mx.quant import dequantize_rows, quantize_rows
 

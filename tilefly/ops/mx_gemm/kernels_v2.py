@@ -123,7 +123,7 @@ from tilefly.gluon.epilogue import finish_splitk
 from tilefly.gluon.grid_dependency import wait_prior_grid
 from tilefly.gluon.layouts import wgmma_layout
 from tilefly.gluon.scheduler import splitk_tile
-from tilefly.gluon.tma_ring import alloc_ring, issue_load, issue_load_a, issue_load_b, wait_ready
+from tilefly.gluon.tma_ring import alloc_ring, issue_load_a, issue_load_b, wait_ready
 from tilefly.ops.mx_gemm.fp4_unpack import (_UNPACK_SHIFTED_ASM, BLOCK_K, FOLD_SPAN, FOLDED_PRODUCT_EXP,
                                             SHIFTED_PRODUCT_EXP, block_layout3, program_tops, unpack_fp4_slot,
                                             unpack_fp4_slot_below)
