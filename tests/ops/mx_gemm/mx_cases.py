@@ -1,12 +1,22 @@
 """Operands, references and checks the MX GEMM tests share (the eager, eligibility, v2 and v3 tests): quantized
 operands in either scale layout, the float64 product of the dequantized operands, one launch of a
-given config, and the setups of the K-tail and extreme/NaN-scale cases."""
+given config, a plan's arguments by name, and the setups of the K-tail and extreme/NaN-scale cases."""
+import inspect
+
 import torch
 
 from tilefly import mx
 from tilefly.ops.mx_gemm import eligibility
 
 SWIZZLE_NAME = {False: "none", True: "32_4_4"}
+
+
+def named_args(plan):
+    """A launch plan's arguments by the kernel's parameter names."""
+    from tilefly.ops.mx_gemm import configs
+
+    names = list(inspect.signature(configs.kernel_of(plan.cfg).fn).parameters)[:len(plan.args)]
+    return dict(zip(names, plan.args))
 
 
 def _layout(swizzle):

@@ -11,7 +11,7 @@ from tilefly import _device, _dispatch, mx
 from tilefly.ops.mx_gemm import configs, eager, eligibility
 from tilefly.ops.mx_gemm.eligibility import MXInputError
 
-from mx_cases import operands, reference
+from mx_cases import named_args, operands, reference
 
 MX = [eligibility.BLOCKWISE_1X32]
 
@@ -305,19 +305,6 @@ def test_crossed_half_scales_are_exact_over_the_e8m0_range():
 
 # ---- the launcher's decisions (no launch) ------------------------------------------------------
 
-@pytest.fixture
-def launch_cpu(monkeypatch):
-    from tilefly.ops.mx_gemm import launch
-
-    monkeypatch.setattr(_device, "sm_count", lambda t: 132)
-    return launch
-
-
-def _named_args(plan):
-    from tilefly.ops.mx_gemm import configs as cfgs
-
-    names = [n for n in inspect.signature(cfgs.kernel_of(plan.cfg).fn).parameters][:len(plan.args)]
-    return dict(zip(names, plan.args))
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
@@ -328,7 +315,7 @@ def test_skinny_problems_put_the_weight_rows_in_the_mma_m_slot(launch_cpu, fmt):
     out = torch.empty(16, 4096, dtype=torch.bfloat16)
     bias = torch.randn(4096, dtype=torch.bfloat16)
     plan = launch_cpu._prepare(p, a, b, sa, sb_swz, out, bias, None)
-    args = _named_args(plan)
+    args = named_args(plan)
     assert (args["M"], args["N"], args["K"]) == (4096, 16, 4096)              # X = B^T, Y = A
     assert args["sx_ptr"].data_ptr() == sb_swz.data_ptr() and args["sy_ptr"].data_ptr() == sa.data_ptr()
     assert (args["stride_syr"], args["stride_syc"]) == sa.stride()
@@ -350,7 +337,7 @@ def test_tall_problems_are_not_swapped(launch_cpu):
     p = eligibility.parse(a, b, sa, sb, True, True)
     out = torch.empty(4096, 256, dtype=torch.float16)
     plan = launch_cpu._prepare(p, a, b, sa, sb, out, torch.randn(256, dtype=torch.float16), None)
-    args = _named_args(plan)
+    args = named_args(plan)
     assert (args["M"], args["N"], args["stride_cm"], args["stride_cn"]) == (4096, 256, 256, 1)
     assert args["sx_ptr"].data_ptr() == sa.data_ptr()
     assert plan.constexprs["BIAS"] == 1 and not plan.constexprs["C_ROWS_CONTIGUOUS"]

@@ -1,17 +1,16 @@
 """The MX GEMM reading MXFP4 activations expanded (kernels_v2 Y_EXPANDED, tilefly.mx.expanded): its builds and
 the launcher's plan on CPU; on the H200, the same output bits as the unpacking build it replaces, for folded
 rows, rows kept unfolded, NaN scales and token counts that leave tile rows empty."""
-import inspect
 from dataclasses import replace
 
 import pytest
 import torch
 
-from tilefly import _device, mx
+from tilefly import mx
 from tilefly.mx import expanded
 from tilefly.ops.mx_gemm import configs, eligibility
 
-from mx_cases import operands
+from mx_cases import named_args, operands
 
 
 def test_expanded_builds_are_fold_y_builds_with_x_from_registers():
@@ -46,19 +45,6 @@ def test_the_split_tuning_database_names_the_build_without_the_expansion():
     assert split_tuning.build_name(replace(cfg, expanded_y=1)) == split_tuning.build_name(cfg)
 
 
-@pytest.fixture
-def launch_cpu(monkeypatch):
-    from tilefly.ops.mx_gemm import launch
-
-    monkeypatch.setattr(_device, "sm_count", lambda t: 132)
-    return launch
-
-
-def _named_args(plan):
-    from tilefly.ops.mx_gemm import kernels_v2
-
-    names = list(inspect.signature(kernels_v2.mx_gemm_v2_kernel.fn).parameters)[:len(plan.args)]
-    return dict(zip(names, plan.args))
 
 
 def _offer(a, sa):
@@ -74,7 +60,7 @@ def test_the_plan_reads_the_offered_copy_where_it_would_fold(launch_cpu):
     with_offer = expanded.offering(launch_cpu._expanded_offer, *offer, p, a)
     assert with_offer is not None and with_offer[0] is offer[1] and with_offer[1] is offer[2]
     plan = launch_cpu._prepare(p, a, b, sa, sb, out, None, None, with_offer)
-    args = _named_args(plan)
+    args = named_args(plan)
     assert plan.cfg.expanded_y and plan.cfg.fold_y and plan.constexprs["Y_EXPANDED"] == 1
     y_desc = args["y_desc"]
     assert y_desc.block_shape == [plan.cfg.block_n, 128] and y_desc.base.data_ptr() == offer[1].data_ptr()

@@ -1,17 +1,16 @@
 """MX GEMM kernel v2 (kernels_v2): configs and the launcher's plan on CPU, a compile of a subset
 of the shipped builds for sm_90a (async wgmma kept by ptxas, no spills), the scale-word layout
 transcribed to torch; on the H200 every v2 config against the float64 dequantized reference."""
-import inspect
 from dataclasses import replace
 
 import pytest
 import torch
 
-from tilefly import _device, mx
+from tilefly import mx
 from tilefly.ops.mx_gemm import configs, eligibility
 
-from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, close, extreme_scale_case, operands,
-                      poison_swizzle_padding, raw_data, reference, run_config, with_scales)
+from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, close, extreme_scale_case, named_args,
+                      operands, poison_swizzle_padding, raw_data, reference, run_config, with_scales)
 
 
 def _v2(m, n, k, fmt):
@@ -153,19 +152,6 @@ def test_swizzled_scale_words_hold_the_slots_four_blocks():
         assert torch.equal(byte, want)
 
 
-@pytest.fixture
-def launch_cpu(monkeypatch):
-    from tilefly.ops.mx_gemm import launch
-
-    monkeypatch.setattr(_device, "sm_count", lambda t: 132)
-    return launch
-
-
-def _named_args(plan):
-    from tilefly.ops.mx_gemm import kernels_v2
-
-    names = list(inspect.signature(kernels_v2.mx_gemm_v2_kernel.fn).parameters)[:len(plan.args)]
-    return dict(zip(names, plan.args))
 
 
 @pytest.mark.parametrize("fmt", mx.FORMATS)
@@ -176,7 +162,7 @@ def test_v2_plan_splits_k_in_slots_and_reads_scale_words(launch_cpu, fmt):
     out = torch.empty(16, 4096, dtype=torch.bfloat16)
     cfg = _v2(16, 4096, 4096, fmt)[0]
     plan = launch_cpu._prepare(p, a, b, sa, sb_swz, out, None, cfg)
-    args = _named_args(plan)
+    args = named_args(plan)
     assert plan.kernel is configs.kernel_of(cfg) and plan.cfg == cfg
     assert (args["M"], args["N"], args["K"]) == (4096, 16, 4096)
     assert plan.constexprs["X_WORDS"] and plan.constexprs["Y_WORDS"]      # swizzled; K / 32 % 4 == 0
@@ -193,7 +179,7 @@ def test_staged_plan_keeps_each_split_within_its_scale_slots(launch_cpu, slots):
     p = eligibility.parse(a, b, sa, sb, False, False)
     cfg = replace(_v2(32, 4096, 14336, "mxfp8")[0], scale_slots=slots)
     plan = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(32, 4096, dtype=torch.bfloat16), None, cfg)
-    per_split, splits = _named_args(plan)["slots_per_split"], plan.grid[1]
+    per_split, splits = named_args(plan)["slots_per_split"], plan.grid[1]
     assert plan.constexprs["SCALE_SLOTS"] == slots and per_split <= slots
     assert splits * per_split >= 112 > (splits - 1) * per_split
     unstaged = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(32, 4096, dtype=torch.bfloat16), None,
@@ -251,7 +237,7 @@ def test_v2_plan_reads_bytes_when_words_would_run_past_a_row(launch_cpu):
     plan = launch_cpu._prepare(p, a, b, sa, sb, torch.empty(8, 256, dtype=torch.bfloat16), None,
                                _v2(8, 256, 160, "mxfp8")[0])
     assert not plan.constexprs["X_WORDS"] and not plan.constexprs["Y_WORDS"]
-    assert _named_args(plan)["slots_per_split"] * plan.grid[1] >= 2
+    assert named_args(plan)["slots_per_split"] * plan.grid[1] >= 2
 
 
 # ---- compile for sm_90a (CPU) -----------------------------------------------------------------
