@@ -76,6 +76,8 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true")
     ap.add_argument("--expanded", action="store_true", help="with --picked: also time the MXFP4 fold pick reading "
                     "the activation expanded (tilefly.mx.expanded)")
+    ap.add_argument("--group-blocks", type=int, default=None, help="with --expanded: the copy's fold groups in "
+                    "scale blocks (64: the fused SiLU kernel's chunks; default whole rows, the fused RMSNorm's)")
     ap.add_argument("--headstart-us", type=float, default=0.0, help="hold the GPU this long after each flush "
                     "(tilefly.bench.timing, Policy.headstart_us): the GPU time alone, as in a CUDA graph")
     ap.add_argument("--only", help="time only the builds whose name contains this (e.g. _xr_fy)")
@@ -146,7 +148,7 @@ def main() -> None:
                     try:
                         fn = (lambda cfg=cfg: launch.run(p, a.data, b.data.t(), a.scale, b.scale, out, cfg=cfg))
                         if cfg.expanded_y:
-                            fn = _with_expanded(fn, a)
+                            fn = _with_expanded(fn, a, args.group_blocks)
                         fn()
                         torch.cuda.synchronize()
                         if cfg.expanded_y and splits is None:
@@ -167,7 +169,8 @@ def main() -> None:
                         timed_rows.append({"fmt": fmt, "build": split_tuning.build_name(cfg), "rows": rows,
                                            "cols": cols, "k": k, "splits": s, "us": round(us, 3),
                                            "auto": splits is None,
-                                           "picked": split_tuning.build_name(cfg) == split_tuning.build_name(picked)})
+                                           "picked": split_tuning.build_name(replace(cfg, expanded_y=0))
+                                           == split_tuning.build_name(picked)})
                     print(f"  {us:7.1f} us  {w_bytes / us / 1e6:5.2f} TB/s  x bf16 {bf16_us / us:4.2f}  "
                           f"{cfg.name:<24} splits={s} {tag}", flush=True)
                     if best is None or us < best[0]:
@@ -205,12 +208,13 @@ def main() -> None:
         torch.cuda.profiler.stop()
 
 
-def _with_expanded(fn, a):
-    """``fn`` run with the activation's expanded copy on offer (tilefly.mx.expanded)."""
+def _with_expanded(fn, a, group_blocks=None):
+    """``fn`` run with the activation's expanded copy (fold groups of ``group_blocks``) on offer
+    (tilefly.mx.expanded)."""
     from tilefly.mx import expanded
 
     bits = a.data.view(torch.uint8)
-    copy = expanded.expand_rows_ops(bits, a.scale.view(torch.uint8))
+    copy = expanded.expand_rows_ops(bits, a.scale.view(torch.uint8), group_blocks)
     return lambda: expanded.offering(fn, bits, *copy)
 
 

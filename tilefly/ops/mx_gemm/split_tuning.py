@@ -36,7 +36,7 @@ _log = logging.getLogger("tilefly.mx_gemm")
 
 def build_name(cfg) -> str:
     """The database's name of ``cfg``'s kernel build."""
-    return replace(cfg, max_splits=16, pdl=False, fold_y=0, expanded_y=0).name
+    return replace(cfg, max_splits=16, pdl=False, fold_y=cfg.expanded_y).name
 
 
 def validate_entry(e: dict[str, Any]) -> str | None:
