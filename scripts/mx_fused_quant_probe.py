@@ -10,7 +10,10 @@ Per format and token count, each build's µs a call: 32 calls on distinct rows (
 captured in one CUDA graph, the median replay over 32 (``tilefly.bench.timing.graph_us``), and whether
 its outputs are bit-identical to the shipped build's.
 
-    python scripts/mx_fused_quant_probe.py [--fmt mxfp4,mxfp8] [--tokens 8,16,32] [--json FILE]
+    python scripts/mx_fused_quant_probe.py [--fmt mxfp4,mxfp8] [--tokens 8,16,32] [--expand] [--json FILE]
+
+``--expand`` (MXFP4) times the builds that also write the expanded copy (tilefly.mx.expanded), as the
+post-grad pass runs them where the GEMM reads it (17-32 tokens).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def _against_shipped(rows, outs):
     return rows
 
 
-def norm_rows(fmt: str, tokens: int):
+def norm_rows(fmt: str, tokens: int, expand: bool = False):
     from tilefly.mx import formats, norm_quant
 
     spec = formats.ELEMENTS[fmt]
@@ -51,7 +54,7 @@ def norm_rows(fmt: str, tokens: int):
     def run():
         out = None
         for a, b, w in ops:
-            out = norm_quant.add_rms_norm_quantize_kernel(a, b, w[0], 1e-5, spec)
+            out = norm_quant.add_rms_norm_quantize_kernel(a, b, w[0], 1e-5, spec, expand=expand)
         return out
 
     shipped = norm_quant.num_warps
@@ -62,13 +65,14 @@ def norm_rows(fmt: str, tokens: int):
             us, out = time_calls(run)
             outs.append(out)
             rows.append(dict(kernel="add_rms_norm_mx_quantize", fmt=fmt, tokens=tokens, num_warps=warps,
+                             expand=expand,
                              shipped=warps == shipped(norm_quant.block_k_of(HIDDEN)), us=us))
     finally:
         norm_quant.num_warps = shipped
     return _against_shipped(rows, outs)
 
 
-def silu_rows(fmt: str, tokens: int):
+def silu_rows(fmt: str, tokens: int, expand: bool = False):
     from tilefly.mx import formats, silu_quant
 
     spec = formats.ELEMENTS[fmt]
@@ -77,7 +81,7 @@ def silu_rows(fmt: str, tokens: int):
     def run():
         out = None
         for p in packed:
-            out = silu_quant.silu_mul_quantize_kernel(p[:, :INTER], p[:, INTER:], spec)
+            out = silu_quant.silu_mul_quantize_kernel(p[:, :INTER], p[:, INTER:], spec, expand=expand)
         return out
 
     shipped = (silu_quant.CHUNK_BLOCKS, silu_quant.NUM_WARPS)
@@ -88,6 +92,7 @@ def silu_rows(fmt: str, tokens: int):
             us, out = time_calls(run)
             outs.append(out)
             rows.append(dict(kernel="silu_mul_mx_quantize", fmt=fmt, tokens=tokens, chunk_blocks=chunk,
+                             expand=expand,
                              num_warps=warps, shipped=(chunk, warps) == shipped, us=us))
     finally:
         silu_quant.CHUNK_BLOCKS, silu_quant.NUM_WARPS = shipped
@@ -98,6 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fmt", default="mxfp4,mxfp8")
     parser.add_argument("--tokens", default="8,16,32")
+    parser.add_argument("--expand", action="store_true", help="MXFP4: the builds writing the expanded copy too")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -105,12 +111,14 @@ def main() -> None:
     with torch.no_grad():
         for fmt in args.fmt.split(","):
             for tokens in (int(t) for t in args.tokens.split(",")):
-                for row in norm_rows(fmt, tokens) + silu_rows(fmt, tokens):
+                expand = args.expand and fmt == "mxfp4"
+                for row in norm_rows(fmt, tokens, expand) + silu_rows(fmt, tokens, expand):
                     rows.append(row)
                     shape = (f"warps {row['num_warps']:2d}" if "chunk_blocks" not in row
                              else f"chunk {row['chunk_blocks']:2d} warps {row['num_warps']}")
                     print(f"{row['kernel']:26s} {fmt} {tokens:3d} tokens  {shape:18s} {row['us']:6.2f} µs"
-                          f"{'  (shipped)' if row['shipped'] else ''}  same bits: {row['same_bits']}", flush=True)
+                          f"{'  expanded' if row['expand'] else ''}{'  (shipped)' if row['shipped'] else ''}"
+                          f"  same bits: {row['same_bits']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

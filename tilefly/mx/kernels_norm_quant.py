@@ -21,9 +21,10 @@ elements of a, b and w (int16-viewed BF16, 16-byte loads from 8 elements up). Th
 ``tl.sum`` across the CTA. The tile is then viewed as [BLOCK_K / 32, 32] scale blocks, each block's
 exponent maximum a reduction inside the block, and stored as kernels_quant stores its tiles (E4M3
 bytes, or E2M1 nibble pairs, and one scale byte a block). With ``EXPAND`` (MXFP4) the row's expanded
-copy follows (kernels_quant.store_expanded, tilefly.mx.expanded): the row's top scale is one more
-reduction across the CTA, and each thread stores its E4M3 bytes at their unpack-order positions (byte
-stores, two bytes apart). No shared memory beyond the reductions' scratch; no barriers of its own.
+copy follows (kernels_quant.store_expanded, tilefly.mx.expanded): the row's top and lowest nonzero
+scales are one more reduction across the CTA, and each thread stores its E4M3 bytes in unpack order,
+its 8 even-K and 8 odd-K bytes as two 8-byte stores. No shared memory beyond the reductions' scratch;
+no barriers of its own.
 
 With ``TRIGGER`` (config.mx_pdl) every program first signals ``griddepcontrol.launch_dependents``, so
 the MX GEMM after it, launched with PDL, starts streaming its weights while this kernel runs.

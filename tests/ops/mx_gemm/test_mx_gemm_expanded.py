@@ -38,11 +38,14 @@ def test_compile_specs_cover_the_expanded_builds():
     assert any("add_rms_norm_quantize[mxfp4,K=4096,trigger,expand]" in name for name in names)
 
 
-def test_the_split_tuning_database_names_the_build_without_the_expansion():
+def test_the_split_tuning_database_names_the_expanded_build_apart():
+    """Reading a copy changes where a split pays (SiLU-written copies fold per 16-slot chunk), so the expanded build
+    has entries of its own."""
     from tilefly.ops.mx_gemm import split_tuning
 
     cfg = configs.pick(28672, 32, 4096, "mxfp4")
-    assert split_tuning.build_name(replace(cfg, expanded_y=1)) == split_tuning.build_name(cfg)
+    assert split_tuning.build_name(replace(cfg, expanded_y=1)) == split_tuning.build_name(cfg) + "_ey"
+    assert split_tuning.build_name(replace(cfg, expanded_y=1, pdl=True, max_splits=32)).endswith("_ss16_xr_ey")
 
 
 

@@ -10,7 +10,10 @@ so there is no nearest-shape rule: an entry serves only its own shape.
 
 An entry: the format, the build (``build_name``: the config's name with its split limit, PDL flag and
 Y fold left out, which do not change the kernel's tile or ring; the fold trims a few instructions a slot
-from every program alike), the problem as the launcher sees it
+from every program alike; a build reading Y expanded keeps its ``_ey``: where a split pays depends on
+the copy's fold groups, e.g. 8 splits of 14 slots straddle the fused SiLU kernel's 16-slot chunks, so a
+program cannot fold: MXFP4 32 x 4096 x 14336 runs 29.1 us at 8 splits and 25.6 at 7, BENCHMARKS.md
+session 43), the problem as the launcher sees it
 (``rows``: the side in the wgmma M slot, ``cols``: the tokens, ``k``), the fastest ``splits``, its
 time ``us`` and every timed count (``timed``: splits -> us, the evidence).
 
