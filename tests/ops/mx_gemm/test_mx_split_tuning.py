@@ -52,6 +52,17 @@ def test_shipped_h200_entries_name_todays_picks_and_plannable_counts():
         assert e["us"] == min(e["timed"].values())
 
 
+def test_the_expanded_down_projection_splits_where_the_silu_copy_folds():
+    """The SiLU kernel folds its copy per CHUNK_BLOCKS; a program whose K-range straddles two chunks scales every
+    block instead of folding, so the shipped count gives each program whole chunks."""
+    from tilefly.mx import silu_quant
+
+    cfg = replace(configs.pick(4096, 32, 14336, "mxfp4"), expanded_y=1)
+    splits = split_tuning._table(str(H200_DB))[("mxfp4", split_tuning.build_name(cfg), 4096, 32, 14336)]
+    slots, chunk_slots = 14336 // cfg.block_k, silu_quant.CHUNK_BLOCKS * 32 // cfg.block_k
+    assert slots % splits == 0 and (slots // splits) % chunk_slots == 0
+
+
 def test_build_name_leaves_out_the_split_limit_pdl_and_the_y_fold():
     cfg = configs.pick(6144, 32, 4096, "mxfp4")
     assert cfg.fold_y

@@ -39,6 +39,7 @@ _log = logging.getLogger("tilefly.mx_gemm")
 
 def build_name(cfg) -> str:
     """The database's name of ``cfg``'s kernel build."""
+    # MXConfig.name says "_ey" only with fold_y set, so an expanded build keeps its fold flag here
     return replace(cfg, max_splits=16, pdl=False, fold_y=cfg.expanded_y).name
 
 
