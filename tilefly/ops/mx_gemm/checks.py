@@ -175,7 +175,7 @@ def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None
     for name, ok in same.items():
         if not ok.all():
             raise AssertionError(f"{name} differs at {(~ok).nonzero()[:4].tolist()} (seed {seed})")
-    if torch.equal(got[3], got[1]) or n > formats.BLOCK * silu_quant.CHUNK_BLOCKS and (got[3] != got[1]).all(1).any():
+    if torch.equal(got[3], got[1]) or (n > formats.BLOCK * silu_quant.CHUNK_BLOCKS and (got[3] != got[1]).all(1).any()):
         raise AssertionError(f"expected folded chunks and kept ones (seed {seed})")
 
 

@@ -152,7 +152,7 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
                 "(one K-block of one row a thread in Y's unpack)")
     if cfg.expanded_y not in (0, 1):
         return "expanded_y must be 0 or 1 (1: Y read already expanded to FP8)"
-    if cfg.expanded_y and not (cfg.fold_y and cfg.x_regs):
+    if cfg.expanded_y and not can_read_expanded(cfg):
         return "expanded_y is a fold_y build with x_regs (Y expanded, X unpacked in registers)"
     if cfg.kernel == 4 and (fmt != "mxfp4" or cfg.num_warps != 4 or not cfg.scale_slots):
         return "kernel 4 folds scales into unpacked FP4: MXFP4, 4 warps and staged scales only"
@@ -356,14 +356,16 @@ def pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:
     return chosen if static_reason(chosen, fmt) is None else v1_pick(rows, cols, k, fmt)
 
 
+def can_read_expanded(cfg: MXConfig) -> bool:
+    """Whether ``cfg`` has an expanded-Y build (Y_EXPANDED): the folded build taking X from registers."""
+    return bool(cfg.fold_y and cfg.x_regs)
+
+
 def reads_expanded(tokens: int, weight_rows: int, k: int) -> bool:
     """Whether an MXFP4 call of ``tokens`` activation rows on ``weight_rows`` weight rows runs a build that reads
-    the activation expanded when offered (launch.py: the pick folds Y and takes X from registers, activations in
-    the Y slot). The post-grad pass asks it before making the fused quantization write the copy."""
-    if not 0 < tokens < weight_rows:
-        return False
-    cfg = pick(weight_rows, tokens, k, "mxfp4")
-    return bool(cfg.fold_y and cfg.x_regs)
+    the activation expanded when offered (launch.py: the pick can, activations in the Y slot). The post-grad pass
+    asks it before making the fused quantization write the copy."""
+    return 0 < tokens < weight_rows and can_read_expanded(pick(weight_rows, tokens, k, "mxfp4"))
 
 
 def offered(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:

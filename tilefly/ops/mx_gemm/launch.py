@@ -143,9 +143,8 @@ def _prepare(p: MXProblem, a, b, scale_a, scale_b, out, bias, cfg, offer=None) -
         bias_mode = 0 if bias is None else 2
     rows, cols = x.shape[0], y.shape[0]
     cfg = cfg or configs.pick(rows, cols, p.k, p.fmt)
-    if offer is not None and cfg.fold_y and cfg.x_regs:
-        # a folded build reads the offered expanded copy of Y (the activation) instead of unpacking it
-        # (configs.reads_expanded says the same to the post-grad pass)
+    if offer is not None and configs.can_read_expanded(cfg):
+        # the build reads the offered expanded copy of Y (the activation) instead of unpacking it
         cfg = replace(cfg, expanded_y=1)
         y, sy, swz_y = offer[0].view(torch.float8_e4m3fn), offer[1], False
     if config.mx_pdl and cfg.kernel in (2, 4):
