@@ -33,6 +33,11 @@ def _read_kernel(x_ptr, out_ptr, n, per_prog, BLOCK: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
 
 
+@triton.jit
+def _empty_kernel(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), 1.0)
+
+
 def read_floor(b: torch.Tensor, policy: Policy, echo) -> list[dict]:
     flat = b.view(-1)
     n = flat.numel()
@@ -68,6 +73,10 @@ def main(argv=None) -> int:
     from tilefly.ops.gemm import configs, launch
 
     policy = dataclasses.replace(QUICK, headstart_us=args.headstart_us)
+    sink = torch.empty(4096, device="cuda", dtype=torch.float32)
+    for programs in (1, 132, 1056):
+        us = measure(lambda programs=programs: _empty_kernel[(programs,)](sink), policy).median_us
+        print(f"empty kernel, {programs} programs: {us:6.2f} us (launch and events, no bytes)")
     out_rows = []
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
