@@ -21,8 +21,7 @@
   read with ``.cg`` so they come from L2, never from a stale L1 line.
 - ``finish_splitk``: the whole epilogue of a split-K program (the dense and MX
   GEMMs): into ``store_layout``, reduce when split, then bias and masked store by
-  the program that finishes the tile. ``finish_pieces`` is the same for a tile
-  whose K-ranges vary in number (stream-K).
+  the program that finishes the tile.
 """
 from __future__ import annotations
 
@@ -98,14 +97,12 @@ def store_masked(val, c_ptr, stride_cm, stride_cn, off_m, off_n, M, N,
 
 
 @gluon.jit
-def splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits, ws_slots,
+def splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS_CONTIGUOUS: gl.constexpr):
     """Returns (sum of all splits' partials, whether this program holds the last ticket).
     Only the returned sum of the last-ticket program is meaningful. ``acc`` should be in
     ``store_layout(..., ROWS_CONTIGUOUS)``: partials are then laid out so that each
-    thread's run of 8 values is contiguous in the workspace (vector stores and loads).
-    Each tile owns ``ws_slots`` >= ``num_splits`` partial slots of the workspace (stream-K
-    tiles have varying split counts but a fixed stride)."""
+    thread's run of 8 values is contiguous in the workspace (vector stores and loads)."""
     layout: gl.constexpr = acc.type.layout
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
@@ -113,7 +110,7 @@ def splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits, ws_slots,
         offs = rows[:, None] + cols[None, :] * BLOCK_M
     else:
         offs = rows[:, None] * BLOCK_N + cols[None, :]
-    tile_base = ws_ptr + tile.to(gl.int64) * ws_slots * (BLOCK_M * BLOCK_N)
+    tile_base = ws_ptr + tile.to(gl.int64) * num_splits * (BLOCK_M * BLOCK_N)
     gl.store(tile_base + split * (BLOCK_M * BLOCK_N) + offs, acc)
     # Every thread's partial must be issued before the ticket releases it.
     gl.thread_barrier()
@@ -133,22 +130,10 @@ def finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, st
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BIAS: gl.constexpr,
                   C_ROWS_CONTIGUOUS: gl.constexpr, num_warps: gl.constexpr):
     """One move into the store layout serves the partials, the bias and the final store."""
-    finish_pieces(acc, ws_ptr, ticket_ptr, tile, split, num_splits, num_splits, bias_ptr, stride_bias,
-                  c_ptr, stride_cm, stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS,
-                  num_warps)
-
-
-@gluon.jit
-def finish_pieces(acc, ws_ptr, ticket_ptr, tile, piece, pieces, ws_slots, bias_ptr, stride_bias,
-                  c_ptr, stride_cm, stride_cn, off_m, off_n, M, N,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BIAS: gl.constexpr,
-                  C_ROWS_CONTIGUOUS: gl.constexpr, num_warps: gl.constexpr):
-    """finish_splitk for a tile summed from ``pieces`` K-ranges, this program's being ``piece``,
-    in a workspace of ``ws_slots`` partials a tile (the stream-K kernel's epilogue)."""
     acc = gl.convert_layout(acc, store_layout(BLOCK_M, BLOCK_N, num_warps, C_ROWS_CONTIGUOUS))
-    is_last = pieces == 1
-    if pieces > 1:
-        acc, is_last = splitk_reduce(acc, ws_ptr, ticket_ptr, tile, piece, pieces, ws_slots, BLOCK_M, BLOCK_N,
+    is_last = num_splits == 1
+    if num_splits > 1:
+        acc, is_last = splitk_reduce(acc, ws_ptr, ticket_ptr, tile, split, num_splits, BLOCK_M, BLOCK_N,
                                      C_ROWS_CONTIGUOUS)
     if is_last:
         acc = add_bias(acc, bias_ptr, stride_bias, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, num_warps)

@@ -12,12 +12,6 @@ time stay neighbours in the output.
 Split-K kernels launch a (tiles, splits) grid: axis 0 numbers the output tiles
 row-major (column tiles vary fastest, so programs sharing an LHS row panel run
 together), axis 1 the K-splits.
-
-Stream-K kernels launch P programs over the T = tiles x K-steps steps of the whole problem,
-numbered tile-major (a tile's K-steps in a row, tiles row-major as above): program p takes steps
-[p*T // P, (p+1)*T // P), so every program streams the same number of K-steps, give or take one,
-whatever the tile count. A tile cut by a range boundary is summed from the pieces of the programs
-that share it; ``streamk_owner`` finds, from a step, the program that runs it.
 """
 from __future__ import annotations
 
@@ -56,17 +50,3 @@ def splitk_tile(N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     tile = gl.program_id(0)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     return tile, (tile // num_pid_n) * BLOCK_M, (tile % num_pid_n) * BLOCK_N, gl.program_id(1), gl.num_programs(1)
-
-
-@gluon.jit
-def streamk_range(pid, total, programs):
-    """[start, end) of the steps program ``pid`` of ``programs`` runs, ``total`` in all."""
-    return (pid.to(gl.int64) * total // programs).to(gl.int32), \
-        ((pid + 1).to(gl.int64) * total // programs).to(gl.int32)
-
-
-@gluon.jit
-def streamk_owner(step, total, programs):
-    """The program whose range holds ``step``: the largest p with p*total // programs <= step,
-    i.e. p*total < (step+1)*programs (tilefly.ops.gemm.configs.streamk_owner is the same)."""
-    return (((step + 1).to(gl.int64) * programs - 1) // total).to(gl.int32)

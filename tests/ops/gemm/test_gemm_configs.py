@@ -15,7 +15,7 @@ def test_default_configs_are_buildable_and_uniquely_named():
     for cfg in configs.DEFAULT:
         assert static_reason(cfg) is None, cfg.name
         assert cfg.smem_bytes() <= configs.SMEM_LIMIT
-    assert {c.kind for c in configs.DEFAULT + configs.STREAMK} == set(configs.KINDS)
+    assert {c.kind for c in configs.DEFAULT} == set(configs.KINDS)
 
 
 def test_exhaustive_is_a_superset_of_buildable_configs():

@@ -23,8 +23,7 @@ TILE = configs.DEFAULT[0]                                     # tile128x256x64
 TILE_WS = configs.DEFAULT[1]
 SPLITK_SMALL = configs.GemmConfig("splitk", 128, 16, 128, 6, 4, max_splits=16)
 SPLITK_WIDE = configs.GemmConfig("splitk", 128, 256, 64, 4, 8, max_splits=16)
-STREAMK = configs.STREAMK[0]                                  # streamk128x16x128
-CONFIGS = [TILE, TILE_WS, SPLITK_SMALL, SPLITK_WIDE, STREAMK]
+CONFIGS = [TILE, TILE_WS, SPLITK_SMALL, SPLITK_WIDE]
 CONSTEXPRS = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "A_KMAJOR", "B_KMAJOR", "BIAS", "C_ROWS_CONTIGUOUS", "STAGES",
               "GROUP_M", "num_warps"}
 
@@ -87,14 +86,6 @@ class StandInKernel:
             assert c_desc.block_shape == [cfg.block_m, cfg.block_n] and c_desc.base.stride(-1) == 1 or n == 1
             assert grid[1:] in ((), (1, 1)) and 1 <= grid[0] <= min(SMS, tiles)
             c_desc.base.copy_(acc)
-        elif cfg.kind == "streamk":
-            k_iters = math.ceil(k / cfg.block_k)
-            pieces = streamk_pieces(grid[0], tiles, k_iters)
-            assert grid[1:] == (1, 1) and grid[0] == min(SMS * configs.resident(cfg), tiles * k_iters)
-            assert max(len(p) for p in pieces.values()) <= per_split, "pieces_per_tile bounds every tile"
-            if per_split > 1:
-                assert ws.numel() >= tiles * per_split * cfg.block_m * cfg.block_n and tickets.numel() >= tiles
-            torch.as_strided(c, (m, n), (stride_cm, stride_cn), c.storage_offset()).copy_(acc)
         else:
             k_iters = math.ceil(k / cfg.block_k)
             assert grid[0] == tiles and 1 <= grid[1] <= cfg.max_splits
@@ -103,39 +94,6 @@ class StandInKernel:
                 assert ws.numel() >= tiles * grid[1] * cfg.block_m * cfg.block_n and tickets.numel() >= tiles
             assert flags["C_ROWS_CONTIGUOUS"] == (stride_cm == 1 and stride_cn != 1)
             torch.as_strided(c, (m, n), (stride_cm, stride_cn), c.storage_offset()).copy_(acc)
-
-
-def streamk_pieces(programs, tiles, k_iters):
-    """Each tile's pieces as the stream-K kernel walks them: {tile: {piece: (program, first
-    K-step, steps)}}, checked to be numbered 0..pieces-1 by streamk_owner and to cover the
-    tile's K-steps once, in order."""
-    total = tiles * k_iters
-    out = {}
-    for p in range(programs):
-        start, end = p * total // programs, (p + 1) * total // programs
-        assert end > start, "every program runs a step"
-        for tile in range(start // k_iters, (end - 1) // k_iters + 1):
-            lo, hi = max(start, tile * k_iters), min(end, (tile + 1) * k_iters)
-            first = configs.streamk_owner(tile * k_iters, total, programs)
-            count = configs.streamk_owner((tile + 1) * k_iters - 1, total, programs) - first + 1
-            out.setdefault(tile, {})[p - first] = (p, lo - tile * k_iters, hi - lo, count)
-    for tile, pieces in out.items():
-        count = next(iter(pieces.values()))[3]
-        assert sorted(pieces) == list(range(count)), (tile, pieces)
-        steps = [pieces[i][1:3] for i in range(count)]
-        assert steps[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(steps, steps[1:]))
-        assert steps[-1][0] + steps[-1][1] == k_iters
-    assert sorted(out) == list(range(tiles))
-    return out
-
-
-def test_streamk_ranges_cover_every_tile_once_within_the_pieces_bound():
-    for tiles, k_iters, programs in [(32, 32, 132), (224, 32, 132), (1, 1, 1), (16, 8, 128), (7, 3, 21),
-                                     (1000, 64, 132), (3, 100, 132), (5, 7, 33), (130, 1, 130)]:
-        pieces = streamk_pieces(programs, tiles, k_iters)
-        bound = configs.streamk_pieces_bound(k_iters, tiles * k_iters, programs)
-        assert max(len(p) for p in pieces.values()) <= bound
-    assert configs.streamk_pieces_bound(32, 224 * 32, 132) == 2    # 16 x 28672 x 4096: a tile shared by 2 at most
 
 
 class StandInCompiled:

@@ -1,8 +1,7 @@
 """Dense GEMM kernel configs: what exists, what fits, what each shape is offered.
 
 A ``GemmConfig`` names one kernel (``tile``: persistent large-tile, ``tilews``:
-the same with a producer warp, ``splitk``: skinny split-K, ``streamk``: the
-same tiles with every SM slot running an equal share of the K-steps) and its tile,
+the same with a producer warp, ``splitk``: skinny split-K) and its tile,
 pipeline depth and warps. ``DEFAULT`` is the curated list Inductor races
 against ATen and Triton; ``exhaustive()`` is every config that passes
 ``static_reason`` (tilefly.config.gemm_autotune = "exhaustive").
@@ -24,8 +23,7 @@ SMEM_LIMIT = 232448          # bytes of shared memory one block may use on sm_90
 ACC_REGS_LIMIT = 128         # FP32 accumulator registers per thread we allow
 SMEM_RESERVE = 1024          # barriers and small epilogue scratch
 ELEMENT_BYTES = 2            # FP16/BF16 operands and outputs
-KINDS = ("tile", "tilews", "splitk", "streamk")
-SKINNY_KINDS = ("splitk", "streamk")   # the token slot rides in block_n; C stored with masked stores
+KINDS = ("tile", "tilews", "splitk")
 VERSION = "v1"               # part of every Inductor choice name: bump when kernels change
 
 
@@ -43,8 +41,6 @@ class GemmConfig:
     @property
     def name(self) -> str:
         base = f"{self.kind}{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_w{self.num_warps}"
-        if self.kind == "streamk":
-            return base
         return f"{base}_k{self.max_splits}" if self.kind == "splitk" else f"{base}_g{self.group_m}"
 
     @property
@@ -142,25 +138,7 @@ def exhaustive() -> tuple[GemmConfig, ...]:
     for bm, bn, bk, stages, warps in itertools.product(
             (64, 128), (8, 16, 32, 64, 128, 256), (64, 128), (3, 4, 5, 6, 8), (4, 8)):
         out.append(GemmConfig("splitk", bm, bn, bk, stages, warps, max_splits=16))
-    out += STREAMK
     return tuple(dict.fromkeys(cfg for cfg in out if static_reason(cfg) is None))  # first occurrence, in order
-
-
-def _streamk(bm, bn, bk, stages, warps):
-    return GemmConfig("streamk", bm, bn, bk, stages, warps)
-
-
-# Stream-K twins of the default split-K tiles, offered by the exhaustive search only until an
-# H200 sweep shows where they win (tilefly.ops.gemm.sweep --match streamk,splitk).
-STREAMK: tuple[GemmConfig, ...] = (
-    _streamk(128, 16, 128, 6, 4),
-    _streamk(64, 16, 128, 8, 4),
-    _streamk(128, 32, 128, 5, 4),
-    _streamk(64, 32, 128, 8, 4),
-    _streamk(128, 64, 128, 4, 4),
-    _streamk(128, 128, 64, 6, 8),
-    _streamk(128, 256, 64, 4, 8),
-)
 
 
 def configs(search: str = "default") -> tuple[GemmConfig, ...]:
@@ -190,7 +168,7 @@ def offered(m: int, n: int, k: int, search: str = "default") -> list[GemmConfig]
     small = min(m, n)
     picked = []
     for cfg in configs(search):
-        if cfg.kind in SKINNY_KINDS:
+        if cfg.kind == "splitk":
             slot = small_slot(small)
             # a 16-wide slot costs a 1..8-token GEMM nothing: it streams the same weights
             fits = (cfg.block_n == slot or (slot == 8 and cfg.block_n == 16)
@@ -243,19 +221,6 @@ def choose_splits(cfg: GemmConfig, tiles: int, k_iters: int, num_sms: int, split
     return best
 
 
-def streamk_owner(step: int, total: int, programs: int) -> int:
-    """The stream-K program whose range [p*total // programs, (p+1)*total // programs) holds
-    ``step`` (tilefly.gluon.scheduler.streamk_owner is the same on the GPU)."""
-    return ((step + 1) * programs - 1) // total
-
-
-def streamk_pieces_bound(k_iters: int, total: int, programs: int) -> int:
-    """At most how many programs share one tile of ``k_iters`` steps: all but the first start
-    on one of its last k_iters - 1 steps, and starts are at least total // programs steps apart
-    (``programs`` <= ``total``)."""
-    return -(-(k_iters - 1) // (total // programs)) + 1
-
-
 # ---- compile specs: every shipped config, compiled for sm_90a in CI ---------------------------
 
 def kernel_signature(cfg: GemmConfig, dtype: str, a_kmajor: bool, b_kmajor: bool, bias: int,
@@ -282,7 +247,7 @@ def kernel_signature(cfg: GemmConfig, dtype: str, a_kmajor: bool, b_kmajor: bool
     else:
         sig.update({"c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}", "ws_ptr": "*fp32", "ticket_ptr": "*i32",
                     "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32", "stride_cn": "i32",
-                    "stride_bias": "i32", "pieces_per_tile" if cfg.kind == "streamk" else "iters_per_split": "i32"})
+                    "stride_bias": "i32", "iters_per_split": "i32"})
         constexprs.update(C_ROWS_CONTIGUOUS=rows_contiguous, STAGES=cfg.stages)
     constexprs["num_warps"] = cfg.num_warps
     sig.update({name: "constexpr" for name in constexprs})
@@ -293,7 +258,7 @@ def kernel_of(cfg: GemmConfig):
     from tilefly.ops.gemm import kernels
 
     return {"tile": kernels.gemm_persistent_kernel, "tilews": kernels.gemm_persistent_ws_kernel,
-            "splitk": kernels.gemm_splitk_kernel, "streamk": kernels.gemm_streamk_kernel}[cfg.kind]
+            "splitk": kernels.gemm_splitk_kernel}[cfg.kind]
 
 
 def compile_specs():
@@ -301,8 +266,8 @@ def compile_specs():
     other layouts, FP16 and no-bias variants on one config of each kernel."""
     from tilefly.compile_check import KernelSpec
 
-    variants = [(cfg, "bf16", True, True, 2 if cfg.kind in SKINNY_KINDS else 1, True) for cfg in DEFAULT + STREAMK]
-    for cfg in (DEFAULT[0], DEFAULT[1], _splitk(128, 16, 128, 6, 4), _splitk(128, 128, 64, 6, 8), STREAMK[0]):
+    variants = [(cfg, "bf16", True, True, 2 if cfg.kind == "splitk" else 1, True) for cfg in DEFAULT]
+    for cfg in (DEFAULT[0], DEFAULT[1], _splitk(128, 16, 128, 6, 4), _splitk(128, 128, 64, 6, 8)):
         for a_kmajor, b_kmajor in ((True, False), (False, True), (False, False)):
             variants.append((cfg, "fp16", a_kmajor, b_kmajor, 0, False))
     specs = []
@@ -310,7 +275,7 @@ def compile_specs():
         sig, constexprs = kernel_signature(cfg, dtype, a_kmajor, b_kmajor, bias, rows)
         layout = ("T" if not a_kmajor else "N") + ("N" if not b_kmajor else "T")
         specs.append(KernelSpec(
-            name=f"gemm.{cfg.name}[{dtype},{layout},bias={bias}{',rowsC' if rows and cfg.kind in SKINNY_KINDS else ''}]",
+            name=f"gemm.{cfg.name}[{dtype},{layout},bias={bias}{',rowsC' if rows and cfg.kind == 'splitk' else ''}]",
             kernel=lambda cfg=cfg: kernel_of(cfg), signature=sig, constexprs=constexprs,
             num_warps=cfg.num_warps, gluon=True, sass_must_contain=("HGMMA",)))
     return specs

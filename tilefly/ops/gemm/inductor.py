@@ -196,7 +196,7 @@ class GemmProvider:
 
     def _compiles(self, cfg: GemmConfig, dtype: torch.dtype, flags: dict, m: int, n: int) -> bool:
         """Compile the binary ahead of benchmarking (needs a GPU); False drops the config."""
-        key = (cfg, dtype, tuple(sorted(flags.items())), *((m, n) if not cfg.persistent else ()))
+        key = (cfg, dtype, tuple(sorted(flags.items())), *((m, n) if cfg.kind == "splitk" else ()))
         if key not in self._compiled:
             ok = True
             if torch.cuda.is_available():

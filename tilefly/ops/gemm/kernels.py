@@ -32,15 +32,6 @@ the large dimension in the wgmma M slot (C^T = B^T A^T when M is the small
 one): a decode GEMM streams the weight matrix through 64/128-row tiles while
 the few tokens ride in the wgmma N slot (8..256).
 
-``gemm_streamk_kernel`` (skinny shapes, the same tiles and epilogue): one
-program per SM slot runs an equal share of all the problem's K-steps
-(tilefly.gluon.scheduler, stream-K), so no wave is left part-empty when the
-tile count is not a multiple of the SM count (16 x 28672 x 4096: 224 tiles of
-128 rows on 132 SMs). Its pieces of consecutive tiles go through one ring: the
-next piece's first STAGES-1 loads are issued before this piece's epilogue. A
-tile shared by several programs is summed as split-K's are, from a workspace
-of ``pieces_per_tile`` slots a tile.
-
 Sizes are not specialized in the persistent kernels (one binary serves every
 shape); the split-K kernel keeps M, N and the output strides specialized (on
 == 1 and % 16), which is what makes its stores vector stores. The launcher
@@ -52,10 +43,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-from tilefly.gluon.epilogue import add_bias, finish_pieces, finish_splitk, store_tma
+from tilefly.gluon.epilogue import add_bias, finish_splitk, store_tma
 from tilefly.gluon.layouts import wgmma_layout
-from tilefly.gluon.scheduler import (grouped_tile, persistent_tile_count, persistent_tile_id, splitk_tile,
-                                     streamk_owner, streamk_range)
+from tilefly.gluon.scheduler import grouped_tile, persistent_tile_count, persistent_tile_id, splitk_tile
 from tilefly.gluon.tma_ring import alloc_barriers, alloc_ring, issue_load, wait_empty
 from tilefly.gluon.wgmma import mainloop, mainloop_consumer, prefetch
 
@@ -178,45 +168,3 @@ def gemm_splitk_kernel(a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
 
     finish_splitk(acc, ws_ptr, ticket_ptr, tile, split, num_splits, bias_ptr, stride_bias, c_ptr, stride_cm,
                   stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS, C_ROWS_CONTIGUOUS, num_warps)
-
-
-@gluon.jit(do_not_specialize=["K", "stride_bias", "pieces_per_tile"], do_not_specialize_on_alignment=["bias_ptr"])
-def gemm_streamk_kernel(a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, ticket_ptr,
-                        M, N, K, stride_cm, stride_cn, stride_bias, pieces_per_tile,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                        A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, BIAS: gl.constexpr,
-                        C_ROWS_CONTIGUOUS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    acc_layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    k_iters = gl.cdiv(K, BLOCK_K)
-    total = gl.cdiv(M, BLOCK_M) * num_pid_n * k_iters
-    programs = gl.num_programs(0)
-    pid = gl.program_id(0)
-    start, end = streamk_range(pid, total, programs)
-    first_tile = start // k_iters
-
-    a_bufs, b_bufs, bars = alloc_ring(a_desc, b_desc, STAGES)
-    k_first = start - first_tile * k_iters
-    prefetch(a_desc, b_desc, a_bufs, b_bufs, bars, 0, (first_tile // num_pid_n) * BLOCK_M,
-             (first_tile % num_pid_n) * BLOCK_N, k_first, gl.minimum(end, (first_tile + 1) * k_iters) - start,
-             A_KMAJOR, B_KMAJOR, STAGES, BLOCK_K)
-    item = start * 0   # a tensor from the start: the loop carries it
-    for tile in range(first_tile, (end - 1) // k_iters + 1):
-        lo = gl.maximum(start, tile * k_iters)
-        steps = gl.minimum(end, (tile + 1) * k_iters) - lo
-        off_m = (tile // num_pid_n) * BLOCK_M
-        off_n = (tile % num_pid_n) * BLOCK_N
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        acc = mainloop(a_desc, b_desc, a_bufs, b_bufs, bars, item, off_m, off_n, lo - tile * k_iters, steps, acc,
-                       A_KMAJOR, B_KMAJOR, STAGES, BLOCK_K)
-        item += steps
-        # The ring is idle: start the next tile's piece (from its first K-step), then this epilogue.
-        nxt = tile + 1
-        prefetch(a_desc, b_desc, a_bufs, b_bufs, bars, item, (nxt // num_pid_n) * BLOCK_M,
-                 (nxt % num_pid_n) * BLOCK_N, 0, gl.minimum(end, (nxt + 1) * k_iters) - nxt * k_iters,
-                 A_KMAJOR, B_KMAJOR, STAGES, BLOCK_K)
-        first_owner = streamk_owner(tile * k_iters, total, programs)
-        pieces = streamk_owner((tile + 1) * k_iters - 1, total, programs) - first_owner + 1
-        finish_pieces(acc, ws_ptr, ticket_ptr, tile, pid - first_owner, pieces, pieces_per_tile, bias_ptr,
-                      stride_bias, c_ptr, stride_cm, stride_cn, off_m, off_n, M, N, BLOCK_M, BLOCK_N, BIAS,
-                      C_ROWS_CONTIGUOUS, num_warps)

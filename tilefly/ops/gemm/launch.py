@@ -10,9 +10,9 @@ or MN-major (its transpose is row-major); both are the same bytes, so no copy
 is ever made. Two kernels also swap the problem, computing ``C^T = B^T A^T``:
 - ``tile``/``tilews`` write C with a TMA store, so C must be row-major; a
   column-major C is served by swapping;
-- ``splitk`` and ``streamk`` put the larger of M and N in the wgmma M slot
-  (64/128 rows per tile) and the smaller in the N slot (8..256), so decode GEMMs
-  stream the weight matrix with full-width instructions.
+- ``splitk`` puts the larger of M and N in the wgmma M slot (64/128 rows per
+  tile) and the smaller in the N slot (8..256), so decode GEMMs stream the
+  weight matrix with full-width instructions.
 A bias vector along N becomes a vector along M under a swap.
 
 Launch cost. Inductor times candidates with events around each call after an
@@ -34,8 +34,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilefly import _device, _triton_launch
 from tilefly._triton_launch import CachedLaunch
-from tilefly.ops.gemm.configs import (GemmConfig, choose_splits, kernel_of, layout_reason, resident,
-                                      streamk_pieces_bound)
+from tilefly.ops.gemm.configs import GemmConfig, choose_splits, kernel_of, layout_reason, resident
 from tilefly.ops.gemm.eligibility import TMA_ALIGN, MatrixFacts, bias_mode, facts_from_tensor, row_major_ok
 
 
@@ -187,26 +186,16 @@ def _prepare_splitk(cfg, a, b, out, bias_arg, mode, stride_bias) -> "Launch":
     a_desc, b_desc, a_kmajor, b_kmajor = _operand_descriptors(cfg, a, b)
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     k_iters = _cdiv(k, cfg.block_k)
-    rows_contiguous = out.stride(0) == 1 and out.stride(1) != 1
-    flags = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, C_ROWS_CONTIGUOUS=rows_contiguous)
-    if cfg.kind == "streamk":
-        total = tiles * k_iters
-        if total >= 2 ** 31:
-            raise Unsupported(f"{total} tile K-steps overflow the stream-K kernel's int32 step numbers")
-        # Every program must run at least one step: an empty range would still take a ticket.
-        programs = min(_device.sm_count(out) * resident(cfg), total)
-        pieces = streamk_pieces_bound(k_iters, total, programs)
-        workspace = (tiles * pieces * cfg.block_m * cfg.block_n, tiles) if pieces > 1 else None
-        return _gemm_launch(cfg, (programs, 1, 1),
-                            [a_desc, b_desc, out, bias_arg, None, None, m, n, k, out.stride(0), out.stride(1),
-                             stride_bias, pieces], flags, out.device, workspace=workspace, workspace_at=4)
     splits = choose_splits(cfg, tiles, k_iters, _device.sm_count(out) * resident(cfg))
     per_split = _cdiv(k_iters, splits)
     splits = _cdiv(k_iters, per_split)
     workspace = (tiles * splits * cfg.block_m * cfg.block_n, tiles) if splits > 1 else None
+    rows_contiguous = out.stride(0) == 1 and out.stride(1) != 1
     return _gemm_launch(cfg, (tiles, splits, 1),
                         [a_desc, b_desc, out, bias_arg, None, None, m, n, k, out.stride(0), out.stride(1),
-                         stride_bias, per_split], flags, out.device, workspace=workspace, workspace_at=4)
+                         stride_bias, per_split],
+                        dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, BIAS=mode, C_ROWS_CONTIGUOUS=rows_contiguous),
+                        out.device, workspace=workspace, workspace_at=4)
 
 
 def _gemm_launch(cfg: GemmConfig, grid, args, flags, device, workspace=None, workspace_at=None) -> "Launch":
