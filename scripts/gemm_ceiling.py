@@ -1,0 +1,89 @@
+"""How fast could any kernel run the dense_gemm suite's shapes on this GPU, timed as the suite
+times them? An upper bound on tilefly's speedup over the per-shape faster of ATen and Triton.
+
+    python scripts/gemm_ceiling.py --suite benchmarks/h200/dense_gemm.json --floor floor.json \
+        [--empty-us US] [--peak-tflops 790]
+
+Per shape the fastest conceivable call is the slower of two floors:
+- memory: reading A and B and writing C once, at the speed of the plain streaming read of
+  ``scripts/stream_floor_probe.py`` (its best kernel per size, fitted as fixed µs + bytes /
+  bandwidth over the sizes it measured: the fixed part is launch, events and the first
+  loads' latency);
+- compute: the FLOPs at ``--peak-tflops`` (the device notes measured cuBLAS 8192^3 on random
+  BF16 data at 769-798 TFLOP/s) plus the probe's time for an empty kernel of 132 programs
+  under the same harness (from its JSON, or ``--empty-us`` for JSON written before it kept it).
+Both ignore everything a real GEMM adds (pipeline fill, epilogue, split-K reduction, tail
+waves), so the bound is loose on purpose: a target above it cannot be met by any kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def read_floor_fit(floor: dict) -> tuple[float, float]:
+    """(fixed µs, µs per byte) of a least-squares line through each size's fastest read."""
+    points = [(row["bytes"], min(r["us"] for r in row["read"])) for row in floor["rows"]]
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_y - slope * mean_x, slope
+
+
+def bounds(suite: dict, fixed_us: float, us_per_byte: float, empty_us: float, peak_tflops: float) -> list[dict]:
+    rows = []
+    for case in suite["cases"]:
+        m, n, k = (case["case"][key] for key in ("m", "n", "k"))
+        times = case["providers"]
+        best = min(times["aten"]["median_us"], times["triton"]["median_us"])
+        nbytes = 2 * (m * k + n * k + m * n)
+        memory_us = fixed_us + nbytes * us_per_byte
+        compute_us = empty_us + 2.0 * m * n * k / (peak_tflops * 1e6)
+        floor_us = max(memory_us, compute_us)
+        rows.append(dict(shape=f"{m}x{n}x{k}", best_us=best, tilefly_us=times["tilefly"]["median_us"],
+                         memory_us=memory_us, compute_us=compute_us, floor_us=floor_us,
+                         bound=best / floor_us, tilefly=best / times["tilefly"]["median_us"]))
+    return rows
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", required=True, help="dense_gemm JSON of python -m tilefly bench")
+    parser.add_argument("--floor", required=True, help="JSON of scripts/stream_floor_probe.py --json")
+    parser.add_argument("--empty-us", type=float, help="the probe's empty kernel, 132 programs (default: its JSON)")
+    parser.add_argument("--peak-tflops", type=float, default=790.0)
+    args = parser.parse_args(argv)
+    with open(args.suite) as f:
+        suite = json.load(f)
+    with open(args.floor) as f:
+        floor = json.load(f)
+    empty_us = args.empty_us if args.empty_us is not None else floor.get("empty_us", {}).get("132")
+    if empty_us is None:
+        parser.error("the floor JSON has no empty-kernel time: pass --empty-us")
+    args.empty_us = empty_us
+    fixed_us, us_per_byte = read_floor_fit(floor)
+    print(f"read floor fit: {fixed_us:.2f} us + bytes at {1e-6 / us_per_byte:.2f} TB/s; "
+          f"compute floor: {args.empty_us:.2f} us + FLOPs at {args.peak_tflops:.0f} TFLOP/s")
+    print(f"suite commit {suite.get('commit')}, {suite.get('date')}")
+    print("| shape | best(aten,triton) µs | tilefly µs | memory floor µs | compute floor µs "
+          "| bound on speedup | tilefly speedup |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = bounds(suite, fixed_us, us_per_byte, args.empty_us, args.peak_tflops)
+    for r in rows:
+        print(f"| {r['shape']} | {r['best_us']:.1f} | {r['tilefly_us']:.1f} | {r['memory_us']:.1f} "
+              f"| {r['compute_us']:.1f} | {r['bound']:.2f}x | {r['tilefly']:.2f}x |")
+    print(f"geomean: bound {geomean(r['bound'] for r in rows):.3f}x, "
+          f"tilefly {geomean(r['tilefly'] for r in rows):.3f}x over {len(rows)} shapes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
