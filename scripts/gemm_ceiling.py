@@ -1,8 +1,12 @@
-"""How fast could any kernel run the dense_gemm suite's shapes on this GPU, timed as the suite
-times them? An upper bound on tilefly's speedup over the per-shape faster of ATen and Triton.
+"""How fast could any kernel run a GEMM suite's shapes on this GPU, timed as the suite times
+them? An upper bound on tilefly's speedup over ATen, Triton and the per-case faster of the two.
 
     python scripts/gemm_ceiling.py --suite benchmarks/h200/dense_gemm.json --floor floor.json \
         [--empty-us US] [--peak-tflops 790]
+    python scripts/gemm_ceiling.py --suite benchmarks/h200/grouped_gemm.json --floor floor.json ...
+
+A dense case moves A (M x K), B (K x N) and C once; a grouped case A (sum M x K), one K x N
+weight matrix per group and C.
 
 Per shape the fastest conceivable call is the slower of two floors:
 - memory: reading A and B and writing C once, at the speed of the plain streaming read of
@@ -33,20 +37,35 @@ def read_floor_fit(floor: dict) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
+def case_size(case: dict) -> tuple[str, int, float]:
+    """(name, bytes moved at least, FLOPs) of a dense_gemm or grouped_gemm case (16-bit data)."""
+    if "g" in case:
+        g, m, n, k = (case[key] for key in ("g", "m_total", "n", "k"))
+        return f"{case['suite']} {case['case']}", 2 * (m * k + g * k * n + m * n), 2.0 * m * n * k
+    m, n, k = (case[key] for key in ("m", "n", "k"))
+    return f"{m}x{n}x{k}", 2 * (m * k + n * k + m * n), 2.0 * m * n * k
+
+
+BASELINES = ("aten", "triton", "best(aten,triton)")
+
+
 def bounds(suite: dict, fixed_us: float, us_per_byte: float, empty_us: float, peak_tflops: float) -> list[dict]:
     rows = []
     for case in suite["cases"]:
-        m, n, k = (case["case"][key] for key in ("m", "n", "k"))
-        times = case["providers"]
-        best = min(times["aten"]["median_us"], times["triton"]["median_us"])
-        nbytes = 2 * (m * k + n * k + m * n)
+        name, nbytes, flops = case_size(case["case"])
+        times = {key: value["median_us"] for key, value in case["providers"].items()}
+        times["best(aten,triton)"] = min(times["aten"], times["triton"])
         memory_us = fixed_us + nbytes * us_per_byte
-        compute_us = empty_us + 2.0 * m * n * k / (peak_tflops * 1e6)
+        compute_us = empty_us + flops / (peak_tflops * 1e6)
         floor_us = max(memory_us, compute_us)
-        rows.append(dict(shape=f"{m}x{n}x{k}", best_us=best, tilefly_us=times["tilefly"]["median_us"],
-                         memory_us=memory_us, compute_us=compute_us, floor_us=floor_us,
-                         bound=best / floor_us, tilefly=best / times["tilefly"]["median_us"]))
+        rows.append(dict(shape=name, times=times, memory_us=memory_us, compute_us=compute_us,
+                         bound={b: times[b] / floor_us for b in BASELINES},
+                         tilefly={b: times[b] / times["tilefly"] for b in BASELINES}))
     return rows
+
+
+def _ratios(by_baseline: dict) -> str:
+    return " / ".join(f"{by_baseline[b]:.2f}x" for b in BASELINES)
 
 
 def geomean(values) -> float:
@@ -73,15 +92,17 @@ def main(argv=None) -> int:
     print(f"read floor fit: {fixed_us:.2f} us + bytes at {1e-6 / us_per_byte:.2f} TB/s; "
           f"compute floor: {args.empty_us:.2f} us + FLOPs at {args.peak_tflops:.0f} TFLOP/s")
     print(f"suite commit {suite.get('commit')}, {suite.get('date')}")
-    print("| shape | best(aten,triton) µs | tilefly µs | memory floor µs | compute floor µs "
-          "| bound on speedup | tilefly speedup |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| case | aten µs | triton µs | tilefly µs | memory floor µs | compute floor µs "
+          "| bound over aten / triton / faster | tilefly over aten / triton / faster |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = bounds(suite, fixed_us, us_per_byte, args.empty_us, args.peak_tflops)
     for r in rows:
-        print(f"| {r['shape']} | {r['best_us']:.1f} | {r['tilefly_us']:.1f} | {r['memory_us']:.1f} "
-              f"| {r['compute_us']:.1f} | {r['bound']:.2f}x | {r['tilefly']:.2f}x |")
-    print(f"geomean: bound {geomean(r['bound'] for r in rows):.3f}x, "
-          f"tilefly {geomean(r['tilefly'] for r in rows):.3f}x over {len(rows)} shapes")
+        t = r["times"]
+        print(f"| {r['shape']} | {t['aten']:.1f} | {t['triton']:.1f} | {t['tilefly']:.1f} | {r['memory_us']:.1f} "
+              f"| {r['compute_us']:.1f} | {_ratios(r['bound'])} | {_ratios(r['tilefly'])} |")
+    for b in BASELINES:
+        print(f"geomean over {b}: bound {geomean(r['bound'][b] for r in rows):.3f}x, "
+              f"tilefly {geomean(r['tilefly'][b] for r in rows):.3f}x ({len(rows)} cases)")
     return 0
 
 

@@ -4,6 +4,7 @@
     python -m tilefly.ops.gemm.sweep --search exhaustive --shapes 16x4096x4096,4096x256x4096
     python -m tilefly.ops.gemm.sweep --layouts NN,NT,TN,TT --dtype fp16 --out /tmp/sweep.json
     python -m tilefly.ops.gemm.sweep --search exhaustive --match splitk128x16,splitk64x16 --shapes 16x4096x4096
+    python -m tilefly.ops.gemm.sweep --offered --layouts NN,TN,TT --shapes 16x4096x4096   # what Inductor races
 
 Per shape: ATen's time, each config's time (median of tilefly.bench.timing.measure,
 which flushes L2 before every call), TFLOP/s, for M <= 256 the achieved bandwidth
@@ -38,7 +39,7 @@ def _operands(m, n, k, layout, dtype):
     return a, b
 
 
-def sweep_shape(m, n, k, layout, dtype, search, match=None, echo=print) -> dict:
+def sweep_shape(m, n, k, layout, dtype, search, match=None, echo=print, only_offered=False) -> dict:
     import torch
 
     from tilefly.bench.timing import QUICK, measure
@@ -54,6 +55,8 @@ def sweep_shape(m, n, k, layout, dtype, search, match=None, echo=print) -> dict:
     candidates = configs.exhaustive() if search == "exhaustive" else configs.DEFAULT
     if match:
         candidates = [c for c in candidates if any(token in c.name for token in match.split(","))]
+    if only_offered:
+        candidates = [c for c in candidates if c in offered]
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     for cfg in candidates:
         try:
@@ -90,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--search", default="default", choices=("default", "exhaustive"))
     parser.add_argument("--match", help="only configs whose name contains one of these comma-separated strings "
                                         "(e.g. splitk128x16,tile128x256); each config compiles once, ~1-2 s")
+    parser.add_argument("--offered", action="store_true", help="only the configs offered for each shape "
+                                                                     "(what Inductor's race would time)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -99,7 +104,8 @@ def main(argv=None) -> int:
     rows = []
     for layout in args.layouts.split(","):
         for m, n, k in _shapes(args.shapes):
-            rows.append(sweep_shape(m, n, k, layout.strip().upper(), dtype, args.search, args.match))
+            rows.append(sweep_shape(m, n, k, layout.strip().upper(), dtype, args.search, args.match,
+                                    only_offered=args.offered))
     ratios = [r["aten_us"] / r["best_us"] for r in rows if "best_us" in r]
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
