@@ -5,6 +5,7 @@
     python -m tilefly.ops.gemm.sweep --layouts NN,NT,TN,TT --dtype fp16 --out /tmp/sweep.json
     python -m tilefly.ops.gemm.sweep --search exhaustive --match splitk128x16,splitk64x16 --shapes 16x4096x4096
     python -m tilefly.ops.gemm.sweep --offered --layouts NN,TN,TT --shapes 16x4096x4096   # what Inductor races
+    python -m tilefly.ops.gemm.sweep --table a.json b.json   # saved --out files as one Markdown table (no GPU)
 
 Per shape: ATen's time, each config's time (median of tilefly.bench.timing.measure,
 which flushes L2 before every call), TFLOP/s, for M <= 256 the achieved bandwidth
@@ -83,6 +84,25 @@ def sweep_shape(m, n, k, layout, dtype, search, match=None, echo=print, only_off
     return row
 
 
+def table(paths: list[str], echo=print) -> None:
+    """Saved sweeps (``--out``) as one Markdown table: ATen against the fastest config per row."""
+    echo("| shape | layout | dtype | ATen µs | best config | µs | best/ATen |")
+    echo("|---|---|---|---:|---|---:|---:|")
+    ratios = []
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        for row in saved["rows"]:
+            if "best_us" not in row:
+                continue
+            ratios.append(row["aten_us"] / row["best_us"])
+            echo(f"| {row['m']}x{row['n']}x{row['k']} | {row['layout']} | {saved['dtype']} | {row['aten_us']:.1f} "
+                 f"| {row['best']} | {row['best_us']:.1f} | {ratios[-1]:.2f}x |")
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        echo(f"\ngeomean x{geo:.3f}, min x{min(ratios):.2f}, max x{max(ratios):.2f} over {len(ratios)} rows")
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -96,7 +116,11 @@ def main(argv=None) -> int:
     parser.add_argument("--offered", action="store_true", help="only the configs offered for each shape "
                                                                      "(what Inductor's race would time)")
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--table", nargs="+", metavar="FILE.json", help="print saved --out files as one table")
     args = parser.parse_args(argv)
+    if args.table:
+        table(args.table)
+        return 0
     if not torch.cuda.is_available():
         print("sweep needs a CUDA GPU (Hopper)", file=sys.stderr)
         return 2
