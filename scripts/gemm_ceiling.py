@@ -75,7 +75,7 @@ def geomean(values) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", required=True, help="dense_gemm JSON of python -m tilefly bench")
+    parser.add_argument("--suite", required=True, help="dense_gemm or grouped_gemm JSON of python -m tilefly bench")
     parser.add_argument("--floor", required=True, help="JSON of scripts/stream_floor_probe.py --json")
     parser.add_argument("--empty-us", type=float, help="the probe's empty kernel, 132 programs (default: its JSON)")
     parser.add_argument("--peak-tflops", type=float, default=790.0)
@@ -87,15 +87,14 @@ def main(argv=None) -> int:
     empty_us = args.empty_us if args.empty_us is not None else floor.get("empty_us", {}).get("132")
     if empty_us is None:
         parser.error("the floor JSON has no empty-kernel time: pass --empty-us")
-    args.empty_us = empty_us
     fixed_us, us_per_byte = read_floor_fit(floor)
     print(f"read floor fit: {fixed_us:.2f} us + bytes at {1e-6 / us_per_byte:.2f} TB/s; "
-          f"compute floor: {args.empty_us:.2f} us + FLOPs at {args.peak_tflops:.0f} TFLOP/s")
+          f"compute floor: {empty_us:.2f} us + FLOPs at {args.peak_tflops:.0f} TFLOP/s")
     print(f"suite commit {suite.get('commit')}, {suite.get('date')}")
     print("| case | aten µs | triton µs | tilefly µs | memory floor µs | compute floor µs "
           "| bound over aten / triton / faster | tilefly over aten / triton / faster |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    rows = bounds(suite, fixed_us, us_per_byte, args.empty_us, args.peak_tflops)
+    rows = bounds(suite, fixed_us, us_per_byte, empty_us, args.peak_tflops)
     for r in rows:
         t = r["times"]
         print(f"| {r['shape']} | {t['aten']:.1f} | {t['triton']:.1f} | {t['tilefly']:.1f} | {r['memory_us']:.1f} "

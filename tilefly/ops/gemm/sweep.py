@@ -99,8 +99,12 @@ def table(paths: list[str], echo=print) -> None:
             echo(f"| {row['m']}x{row['n']}x{row['k']} | {row['layout']} | {saved['dtype']} | {row['aten_us']:.1f} "
                  f"| {row['best']} | {row['best_us']:.1f} | {ratios[-1]:.2f}x |")
     if ratios:
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        echo(f"\ngeomean x{geo:.3f}, min x{min(ratios):.2f}, max x{max(ratios):.2f} over {len(ratios)} rows")
+        echo(f"\ngeomean x{_geomean(ratios):.3f}, min x{min(ratios):.2f}, max x{max(ratios):.2f} over "
+             f"{len(ratios)} rows")
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in values) / len(values))
 
 
 def main(argv=None) -> int:
@@ -113,8 +117,8 @@ def main(argv=None) -> int:
     parser.add_argument("--search", default="default", choices=("default", "exhaustive"))
     parser.add_argument("--match", help="only configs whose name contains one of these comma-separated strings "
                                         "(e.g. splitk128x16,tile128x256); each config compiles once, ~1-2 s")
-    parser.add_argument("--offered", action="store_true", help="only the configs offered for each shape "
-                                                                     "(what Inductor's race would time)")
+    parser.add_argument("--offered", action="store_true",
+                        help="only the configs offered for each shape (what Inductor's race would time)")
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--table", nargs="+", metavar="FILE.json", help="print saved --out files as one table")
     args = parser.parse_args(argv)
@@ -132,8 +136,8 @@ def main(argv=None) -> int:
                                     only_offered=args.offered))
     ratios = [r["aten_us"] / r["best_us"] for r in rows if "best_us" in r]
     if ratios:
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        print(f"\nbest config vs ATen: geomean x{geo:.3f}, min x{min(ratios):.2f} over {len(ratios)} shapes")
+        print(f"\nbest config vs ATen: geomean x{_geomean(ratios):.3f}, min x{min(ratios):.2f} "
+              f"over {len(ratios)} shapes")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"dtype": args.dtype, "search": args.search, "rows": rows}, f, indent=1)
