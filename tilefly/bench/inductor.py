@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Any, Callable, Iterator
 
 import torch
@@ -67,9 +68,26 @@ def compile_static(fn: Callable[..., Any], mode: str | None = None) -> Callable[
     return torch.compile(fn, mode=mode, dynamic=False)
 
 
+# A kernel launched from Inductor's wrapper code: an extern kernel (ATen's or a registered
+# choice such as tilefly's), a custom op, or a generated Triton kernel's ``.run``.
+_CALL = re.compile(r"\b((?:extern_kernels|torch\.ops\.\w+)\.\w+|triton_\w+(?=\.run\())\s*\(?")
+
+
+def kernel_calls(code: list[str]) -> list[str]:
+    """The kernels Inductor's wrapper code launches, in order, each once. Comments are left out:
+    the wrapper's source-node comments name ``aten.mm`` whatever kernel the node became."""
+    calls: dict[str, None] = {}
+    for module in code:
+        for line in module.splitlines():
+            for match in _CALL.finditer(line.split("#", 1)[0]):
+                calls[match.group(1)] = None
+    return list(calls)
+
+
 class CodeWatch:
     """Compile on the first call while capturing Inductor's generated code, then say what
-    kernel the GEMM became: ``pick()`` -> "Triton template", "ATen", "tilefly", or None."""
+    kernel the GEMM became: ``pick()`` -> "Triton template", "ATen", "tilefly", or the
+    launches themselves when they are none of those (e.g. a decomposition)."""
 
     def __init__(self, compiled: Callable[..., Any], *args: Any):
         self.compiled = compiled
@@ -85,14 +103,21 @@ class CodeWatch:
             return out
         return self.compiled(*self.args)
 
-    def pick(self, aten_names: tuple[str, ...]) -> str | None:
-        if not self.code:
-            return None
-        text = "\n".join(self.code)
-        if "tilefly" in text:
-            return "tilefly"
-        if "triton_tem" in text or "_tem_" in text:
-            return "Triton template"
-        if any(name in text for name in aten_names):
-            return "ATen"
-        return None
+    def pick(self, aten_calls: tuple[str, ...]) -> str | None:
+        """``aten_calls``: the wrapper's names for ATen's kernel (e.g. "extern_kernels.mm")."""
+        return pick_from_code(self.code, aten_calls) if self.code else None
+
+
+def pick_from_code(code: list[str], aten_calls: tuple[str, ...]) -> str | None:
+    calls = kernel_calls(code)
+    if any("tilefly" in call for call in calls):
+        kind = "tilefly"
+    elif any(call.startswith("triton_tem") for call in calls):
+        kind = "Triton template"
+    elif any(call in aten_calls for call in calls):
+        kind = "ATen"
+    else:
+        return " + ".join(calls) or None
+    if len(calls) > 1:   # one GEMM node should be one launch: say what else ran
+        kind += " (launches: " + ", ".join(calls) + ")"
+    return kind

@@ -78,7 +78,7 @@ def plan() -> Plan:
             return watch[0]
 
         def inspect():
-            pick = watch[0].pick(("extern_kernels._grouped_mm", "aten._grouped_mm")) if watch else None
+            pick = watch[0].pick(("extern_kernels._grouped_mm", "torch.ops.aten._grouped_mm")) if watch else None
             if pick == "ATen":
                 return "Inductor fell back to ATen: no Triton grouped template for this case"
             return f"Inductor picked {pick}" if pick else None
