@@ -70,7 +70,7 @@ def compile_static(fn: Callable[..., Any], mode: str | None = None) -> Callable[
 
 # A kernel launched from Inductor's wrapper code: an extern kernel (ATen's or a registered
 # choice such as tilefly's), a custom op, or a generated Triton kernel's ``.run``.
-_CALL = re.compile(r"\b((?:extern_kernels|torch\.ops\.\w+)\.\w+|triton_\w+(?=\.run\())\s*\(?")
+_CALL = re.compile(r"\b((?:extern_kernels|torch\.ops\.\w+)\.\w+|triton_\w+(?=\.run\())")
 
 
 def kernel_calls(code: list[str]) -> list[str]:
