@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
+
+from tilefly.bench.results import geomean
 
 
 def read_floor_fit(floor: dict) -> tuple[float, float]:
     """(fixed µs, µs per byte) of a least-squares line through each size's fastest read."""
-    points = [(row["bytes"], min(r["us"] for r in row["read"])) for row in floor["rows"]]
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
-    return mean_y - slope * mean_x, slope
+    sizes = [row["bytes"] for row in floor["rows"]]
+    fastest = [min(r["us"] for r in row["read"]) for row in floor["rows"]]
+    slope, intercept = statistics.linear_regression(sizes, fastest)
+    return intercept, slope
 
 
 def case_size(case: dict) -> tuple[str, int, float]:
@@ -68,11 +68,6 @@ def _ratios(by_baseline: dict) -> str:
     return " / ".join(f"{by_baseline[b]:.2f}x" for b in BASELINES)
 
 
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", required=True, help="dense_gemm or grouped_gemm JSON of python -m tilefly bench")
@@ -100,8 +95,8 @@ def main(argv=None) -> int:
         print(f"| {r['shape']} | {t['aten']:.1f} | {t['triton']:.1f} | {t['tilefly']:.1f} | {r['memory_us']:.1f} "
               f"| {r['compute_us']:.1f} | {_ratios(r['bound'])} | {_ratios(r['tilefly'])} |")
     for b in BASELINES:
-        print(f"geomean over {b}: bound {geomean(r['bound'][b] for r in rows):.3f}x, "
-              f"tilefly {geomean(r['tilefly'][b] for r in rows):.3f}x ({len(rows)} cases)")
+        print(f"geomean over {b}: bound {geomean([r['bound'][b] for r in rows]):.3f}x, "
+              f"tilefly {geomean([r['tilefly'][b] for r in rows]):.3f}x ({len(rows)} cases)")
     return 0
 
 

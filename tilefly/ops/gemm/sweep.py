@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+
+from tilefly.bench.results import geomean
 
 
 def _shapes(text: str | None) -> list[tuple[int, int, int]]:
@@ -99,12 +100,9 @@ def table(paths: list[str], echo=print) -> None:
             echo(f"| {row['m']}x{row['n']}x{row['k']} | {row['layout']} | {saved['dtype']} | {row['aten_us']:.1f} "
                  f"| {row['best']} | {row['best_us']:.1f} | {ratios[-1]:.2f}x |")
     if ratios:
-        echo(f"\ngeomean x{_geomean(ratios):.3f}, min x{min(ratios):.2f}, max x{max(ratios):.2f} over "
+        echo(f"\ngeomean x{geomean(ratios):.3f}, min x{min(ratios):.2f}, max x{max(ratios):.2f} over "
              f"{len(ratios)} rows")
 
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in values) / len(values))
 
 
 def main(argv=None) -> int:
@@ -136,7 +134,7 @@ def main(argv=None) -> int:
                                     only_offered=args.offered))
     ratios = [r["aten_us"] / r["best_us"] for r in rows if "best_us" in r]
     if ratios:
-        print(f"\nbest config vs ATen: geomean x{_geomean(ratios):.3f}, min x{min(ratios):.2f} "
+        print(f"\nbest config vs ATen: geomean x{geomean(ratios):.3f}, min x{min(ratios):.2f} "
               f"over {len(ratios)} shapes")
     if args.out:
         with open(args.out, "w") as f:
