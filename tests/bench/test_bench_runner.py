@@ -319,3 +319,32 @@ def test_config_screen_holds_the_gpu_like_the_run(monkeypatch):
         env = dict.fromkeys(("gpu", "torch", "triton", "tilefly", "commit", "date"), "-")
         runner.run_suite(suite, [Case("fake", 0, {})], timing.Policy(headstart_us=hold), True, env)
         assert screens[-1] == hold and timing.RUN_HEADSTART_US == 0.0
+
+
+def test_checkpoint_after_each_case_keeps_what_a_stopped_run_measured(tmp_path):
+    """A run stopped from outside after its first case (here: the second case's inputs raise
+    KeyboardInterrupt, as a step's time limit would) leaves a partial result that --merge reads."""
+    from tilefly.bench import report
+    from tilefly.bench.results import merge
+
+    def bench(case):
+        if case.index == 1:
+            raise KeyboardInterrupt
+        return CaseBench([], lambda name, us: {}, [])
+
+    suite = type("S", (), {"name": "fake", "title": "fake", "plan": staticmethod(lambda: Plan(bench, [], []))})
+    env = dict.fromkeys(("gpu", "torch", "triton", "tilefly", "commit", "date"), "-")
+    path = str(tmp_path / "fake.partial.json")
+    seen = []
+
+    def checkpoint(result):
+        seen.append([c.id for c in result.cases])
+        report.write_partial(result, path)
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_suite(suite, [Case(0, "first", {}), Case(1, "second", {})], timing.QUICK, True, env,
+                         checkpoint=checkpoint)
+    assert seen == [["first"]]
+    saved = report.load(path)
+    assert [c.id for c in saved.cases] == ["first"] and not (tmp_path / "fake.partial.json.tmp").exists()
+    assert [c.id for c in merge([saved]).cases] == ["first"]

@@ -210,8 +210,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: no case matches --cases {' '.join(args.cases or [])}; skipped", file=sys.stderr)
             continue
         print(f"== {name}: {len(cases)} cases ({'quick' if quick else 'full'}) ==", file=sys.stderr, flush=True)
+        partial = os.path.join(args.out or DEFAULT_OUT, f"{name}.partial.json")
         try:
-            result = run_suite(suite, cases, policy, quick, env)
+            result = run_suite(suite, cases, policy, quick, env,
+                               checkpoint=lambda so_far: report.write_partial(so_far, partial))
         except Exception:  # noqa: BLE001 - one broken suite must not stop the others
             traceback.print_exc()
             print(f"{name}: FAILED, see the traceback above", file=sys.stderr)
@@ -220,4 +222,6 @@ def run(args: argparse.Namespace) -> int:
         print(report.markdown(result), flush=True)
         for line in report.write_all(result, args.out or DEFAULT_OUT, png=not args.no_plot):
             print(f"  {line}", file=sys.stderr)
+        if os.path.exists(partial):
+            os.remove(partial)  # the full result is written; only a stopped run leaves its partial
     return status

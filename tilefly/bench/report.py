@@ -27,6 +27,14 @@ def write_json(result: SuiteResult, path: str) -> None:
         f.write("\n")
 
 
+def write_partial(result: SuiteResult, path: str) -> None:
+    """``write_json`` through a temporary file, so a run killed mid-write leaves the previous
+    checkpoint whole (``--merge`` reads it like any result)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json(result, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
 def num(value: float) -> str:
     if value >= 100:
         return f"{value:.0f}"

@@ -243,8 +243,12 @@ def progress(items: list[Case], label: str) -> Iterable[Case]:
         yield item
 
 
-def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: bool, env: dict[str, str]) -> SuiteResult:
-    """Time ``cases`` of ``suite`` with tilefly disabled outside its own providers (restored after)."""
+def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: bool, env: dict[str, str],
+              checkpoint: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
+    """Time ``cases`` of ``suite`` with tilefly disabled outside its own providers (restored after).
+
+    ``checkpoint`` gets the result of the cases timed so far after each case, so a run stopped
+    from outside (a step time limit) still leaves every finished case behind."""
     import tilefly
 
     before = tilefly.enabled_ops()
@@ -252,13 +256,21 @@ def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: boo
     timing.RUN_HEADSTART_US = policy.headstart_us
     try:
         plan = suite.plan()
-        results = [run_case(case, plan, policy) for case in progress(cases, suite.name)]
+
+        def result_of(results: list[CaseResult]) -> SuiteResult:
+            return SuiteResult(suite=suite.name, title=suite.title, quick=quick, cases=list(results),
+                               summary=summarize(results, plan.comparisons), notes=list(plan.notes),
+                               comparisons=list(plan.comparisons), metric_columns=list(plan.metric_columns),
+                               timing=policy.describe(), **env)
+
+        results: list[CaseResult] = []
+        for case in progress(cases, suite.name):
+            results.append(run_case(case, plan, policy))
+            if checkpoint is not None:
+                checkpoint(result_of(results))
     finally:
         timing.RUN_HEADSTART_US = 0.0
         tilefly.disable()
         if before:
             tilefly.enable(before)
-    return SuiteResult(suite=suite.name, title=suite.title, quick=quick, cases=results,
-                       summary=summarize(results, plan.comparisons), notes=list(plan.notes),
-                       comparisons=list(plan.comparisons), metric_columns=list(plan.metric_columns),
-                       timing=policy.describe(), **env)
+    return result_of(results)
