@@ -80,3 +80,6 @@ def test_merge_split_runs(synthetic):
     second.suite = "other"
     with pytest.raises(ValueError):
         merge([first, second])
+    second.suite, second.timing = first.suite, first.timing + "; held 300 µs after each flush"
+    with pytest.raises(ValueError, match="timed differently"):
+        merge([first, second])

@@ -347,4 +347,5 @@ def test_checkpoint_after_each_case_keeps_what_a_stopped_run_measured(tmp_path):
     assert seen == [["first"]]
     saved = report.load(path)
     assert [c.id for c in saved.cases] == ["first"] and not (tmp_path / "fake.partial.json.tmp").exists()
+    assert saved.notes == [runner.partial_note(1, 2)] and "1 of its 2 cases" in saved.notes[0]
     assert [c.id for c in merge([saved]).cases] == ["first"]

@@ -149,12 +149,16 @@ def percentile(sorted_values: list[float], q: float) -> float:
 def merge(parts: list[SuiteResult]) -> SuiteResult:
     """One result from several runs of the same suite (e.g. a suite split over two device calls):
     cases by index (a later part wins a case both ran), environment of the latest part, summary
-    recomputed. Differing environments are noted in the header."""
+    recomputed. Differing environments are noted in the header; differing timing policies (e.g.
+    one run with ``--headstart-us``) are refused."""
     if not parts:
         raise ValueError("nothing to merge")
     suites = {p.suite for p in parts}
     if len(suites) != 1:
         raise ValueError(f"cannot merge different suites: {sorted(suites)}")
+    timings = {p.timing for p in parts}
+    if len(timings) > 1:  # one header states one policy: a held run and an unheld one measure different things
+        raise ValueError(f"cannot merge runs timed differently: {sorted(timings)}")
     parts = sorted(parts, key=lambda p: p.date)
     latest = parts[-1]
     cases: dict[Any, CaseResult] = {}

@@ -243,6 +243,10 @@ def progress(items: list[Case], label: str) -> Iterable[Case]:
         yield item
 
 
+def partial_note(done: int, total: int) -> str:
+    return f"partial: the run stopped after {done} of its {total} cases (a checkpoint)"
+
+
 def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: bool, env: dict[str, str],
               checkpoint: Callable[[SuiteResult], None] | None = None) -> SuiteResult:
     """Time ``cases`` of ``suite`` with tilefly disabled outside its own providers (restored after).
@@ -258,8 +262,11 @@ def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: boo
         plan = suite.plan()
 
         def result_of(results: list[CaseResult]) -> SuiteResult:
+            notes = list(plan.notes)
+            if len(results) < len(cases):  # a checkpoint: says so in the table's notes if the run stops here
+                notes.append(partial_note(len(results), len(cases)))
             return SuiteResult(suite=suite.name, title=suite.title, quick=quick, cases=list(results),
-                               summary=summarize(results, plan.comparisons), notes=list(plan.notes),
+                               summary=summarize(results, plan.comparisons), notes=notes,
                                comparisons=list(plan.comparisons), metric_columns=list(plan.metric_columns),
                                timing=policy.describe(), **env)
 
