@@ -348,4 +348,10 @@ def test_checkpoint_after_each_case_keeps_what_a_stopped_run_measured(tmp_path):
     saved = report.load(path)
     assert [c.id for c in saved.cases] == ["first"] and not (tmp_path / "fake.partial.json.tmp").exists()
     assert saved.notes == [runner.partial_note(1, 2)] and "1 of its 2 cases" in saved.notes[0]
-    assert [c.id for c in merge([saved]).cases] == ["first"]
+    alone = merge([saved])
+    assert [c.id for c in alone.cases] == ["first"] and alone.notes == saved.notes
+    # the rest, run apart: once every case is in, the merged result no longer says partial
+    rest = report.load(path)
+    rest.cases[0].index, rest.cases[0].id, rest.notes, rest.date = 1, "second", [], "later"
+    whole = merge([saved, rest])
+    assert [c.id for c in whole.cases] == ["first", "second"] and whole.notes == []

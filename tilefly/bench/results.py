@@ -12,6 +12,7 @@ losses; a case enters a comparison only when both providers were timed.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -146,6 +147,14 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+_PARTIAL = re.compile(r"partial: the run stopped after \d+ of its (\d+) cases \(a checkpoint\)")
+
+
+def partial_note(done: int, total: int) -> str:
+    """The note a checkpoint of a run that has timed ``done`` of its ``total`` cases carries."""
+    return f"partial: the run stopped after {done} of its {total} cases (a checkpoint)"
+
+
 def merge(parts: list[SuiteResult]) -> SuiteResult:
     """One result from several runs of the same suite (e.g. a suite split over two device calls):
     cases by index (a later part wins a case both ran), environment of the latest part, summary
@@ -169,10 +178,18 @@ def merge(parts: list[SuiteResult]) -> SuiteResult:
                                                             "date", "title", "timing")},
                          quick=all(p.quick for p in parts),
                          cases=sorted(cases.values(), key=lambda c: (c.index is None, c.index or 0, c.id)))
+    totals = []
     for part in parts:
-        merged.notes += [n for n in part.notes if n not in merged.notes]
+        for note in part.notes:
+            partial = _PARTIAL.fullmatch(note)
+            if partial:  # restated below for the merged cases, or dropped once they are all there
+                totals.append(int(partial.group(1)))
+            elif note not in merged.notes:
+                merged.notes.append(note)
         merged.comparisons += [c for c in part.comparisons if c.name not in {m.name for m in merged.comparisons}]
         merged.metric_columns += [m for m in part.metric_columns if m not in merged.metric_columns]
+    if totals and len(merged.cases) < max(totals):
+        merged.notes.append(partial_note(len(merged.cases), max(totals)))
     envs = {(p.gpu, p.torch, p.triton, p.tilefly, p.commit) for p in parts}
     if len(envs) > 1:
         merged.notes.append(f"merged from {len(parts)} runs with different environments: {sorted(envs)}")

@@ -22,7 +22,7 @@ import torch
 
 from tilefly.bench import timing
 from tilefly.bench.cases import Case
-from tilefly.bench.results import CaseResult, Comparison, ProviderResult, SuiteResult, summarize
+from tilefly.bench.results import CaseResult, Comparison, ProviderResult, SuiteResult, partial_note, summarize
 
 
 @dataclass
@@ -241,10 +241,6 @@ def progress(items: list[Case], label: str) -> Iterable[Case]:
     for item in bar:
         bar.set_postfix_str(item.id, refresh=True)
         yield item
-
-
-def partial_note(done: int, total: int) -> str:
-    return f"partial: the run stopped after {done} of its {total} cases (a checkpoint)"
 
 
 def run_suite(suite: Suite, cases: list[Case], policy: timing.Policy, quick: bool, env: dict[str, str],
