@@ -4,6 +4,10 @@ them? An upper bound on tilefly's speedup over ATen, Triton and the per-case fas
     python scripts/gemm_ceiling.py --suite benchmarks/h200/dense_gemm.json --floor floor.json \
         [--empty-us US] [--peak-tflops 790]
     python scripts/gemm_ceiling.py --suite benchmarks/h200/grouped_gemm.json --floor floor.json ...
+    python scripts/gemm_ceiling.py --suite held.json --fill as_defined.json ...   # a partial run, completed
+
+``--fill`` takes the cases ``--suite`` lacks (a run a step limit stopped) from another run of the
+same suite; those rows are marked ``*`` and counted in the geomeans.
 
 A dense case moves A (M x K), B (K x N) and C once; a grouped case A (sum M x K), one K x N
 weight matrix per group and C.
@@ -53,6 +57,7 @@ def bounds(suite: dict, fixed_us: float, us_per_byte: float, empty_us: float, pe
     rows = []
     for case in suite["cases"]:
         name, nbytes, flops = case_size(case["case"])
+        name = "* " + name if case.get("filled") else name
         times = {key: value["median_us"] for key, value in case["providers"].items()}
         times["best(aten,triton)"] = min(times["aten"], times["triton"])
         memory_us = fixed_us + nbytes * us_per_byte
@@ -62,6 +67,15 @@ def bounds(suite: dict, fixed_us: float, us_per_byte: float, empty_us: float, pe
                          bound={b: times[b] / floor_us for b in BASELINES},
                          tilefly={b: times[b] / times["tilefly"] for b in BASELINES}))
     return rows
+
+
+def filled(suite: dict, other: dict) -> dict:
+    """``suite`` with the cases it lacks (by index) taken from ``other``, flagged ``filled``, in index order."""
+    if other.get("suite") != suite.get("suite"):
+        raise ValueError(f"--fill is a run of {other.get('suite')}, not of {suite.get('suite')}")
+    have = {case["index"] for case in suite["cases"]}
+    extra = [dict(case, filled=True) for case in other["cases"] if case["index"] not in have]
+    return dict(suite, cases=sorted(suite["cases"] + extra, key=lambda case: case["index"]))
 
 
 def _ratios(by_baseline: dict) -> str:
@@ -74,9 +88,13 @@ def main(argv=None) -> int:
     parser.add_argument("--floor", required=True, help="JSON of scripts/stream_floor_probe.py --json")
     parser.add_argument("--empty-us", type=float, help="the probe's empty kernel, 132 programs (default: its JSON)")
     parser.add_argument("--peak-tflops", type=float, default=790.0)
+    parser.add_argument("--fill", help="another run of the suite (JSON) for the cases --suite lacks, marked *")
     args = parser.parse_args(argv)
     with open(args.suite) as f:
         suite = json.load(f)
+    if args.fill:
+        with open(args.fill) as f:
+            suite = filled(suite, json.load(f))
     with open(args.floor) as f:
         floor = json.load(f)
     empty_us = args.empty_us if args.empty_us is not None else floor.get("empty_us", {}).get("132")
@@ -86,6 +104,8 @@ def main(argv=None) -> int:
     print(f"read floor fit: {fixed_us:.2f} us + bytes at {1e-6 / us_per_byte:.2f} TB/s; "
           f"compute floor: {empty_us:.2f} us + FLOPs at {args.peak_tflops:.0f} TFLOP/s")
     print(f"suite commit {suite.get('commit')}, {suite.get('date')}")
+    if args.fill:
+        print(f"* = case from --fill {args.fill}")
     print("| case | aten µs | triton µs | tilefly µs | memory floor µs | compute floor µs "
           "| bound over aten / triton / faster | tilefly over aten / triton / faster |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

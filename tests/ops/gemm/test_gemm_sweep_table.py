@@ -4,6 +4,8 @@ import json
 import math
 import pathlib
 
+import pytest
+
 from tilefly.ops.gemm import sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -57,3 +59,21 @@ def test_ceiling_fits_the_read_floor_and_takes_the_slower_floor():
     assert math.isclose(rows[1]["compute_us"], compute) and rows[1]["compute_us"] > rows[1]["memory_us"]
     assert math.isclose(rows[1]["bound"]["triton"], 2000.0 / compute)
     assert math.isclose(rows[1]["memory_us"], 5 + 2 * (8192 * 8192 + 2 * 8192 * 8192 + 8192 * 8192) / 1e6)
+
+
+def test_ceiling_fill_takes_only_the_missing_cases_and_marks_them():
+    ceiling = _ceiling()
+
+    def case(index, us):
+        return {"index": index, "case": {"m": 16, "n": 4096, "k": 4096},
+                "providers": {p: {"median_us": us} for p in ("aten", "triton", "tilefly")}}
+
+    held = {"suite": "dense_gemm", "cases": [case(0, 10.0), case(2, 30.0)]}
+    as_defined = {"suite": "dense_gemm", "cases": [case(0, 99.0), case(1, 20.0), case(2, 99.0)]}
+    merged = ceiling.filled(held, as_defined)
+    assert [(c["index"], c["providers"]["aten"]["median_us"], c.get("filled", False)) for c in merged["cases"]] == \
+        [(0, 10.0, False), (1, 20.0, True), (2, 30.0, False)]
+    rows = ceiling.bounds(merged, 5.0, 1e-6, empty_us=4.0, peak_tflops=1000.0)
+    assert [r["shape"].startswith("* ") for r in rows] == [False, True, False]
+    with pytest.raises(ValueError, match="--fill"):
+        ceiling.filled(held, dict(as_defined, suite="grouped_gemm"))
