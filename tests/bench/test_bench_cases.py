@@ -18,7 +18,7 @@ def _cases(name):
 
 @pytest.mark.parametrize("name,expected", [
     ("dense_gemm", 15), ("grouped_gemm", 24), ("mxfp_gemm", 34), ("rmsnorm", 22),
-    ("topk", 33), ("attention", 18), ("rmsnorm_llm", 24),
+    ("topk", 33), ("attention", 18), ("rmsnorm_llm", 24), ("grouped_gemm_small", 6),
 ])
 def test_case_counts(name, expected):
     cases = _cases(name)
@@ -32,6 +32,18 @@ def test_per_family_counts():
     assert Counter(c.columns["family"] for c in _cases("topk")) == {"register": 10, "radix": 23}
     assert Counter(c.columns["suite"] for c in _cases("grouped_gemm")) == \
         {"standard": 14, "kn_variants": 5, "ragged_m": 5}
+
+
+def test_grouped_gemm_small_grid():
+    from tilefly.bench.suites import grouped_gemm_small
+
+    cases = _cases("grouped_gemm_small")
+    shapes = {c.id: grouped_gemm_small.shape(c) for c in cases}
+    assert shapes["gate_up_g128x32"] == ([32] * 128, 1536, 2048)
+    assert shapes["down_g128x8"] == ([8] * 128, 2048, 768)
+    for c in cases:  # the columns the report and scripts/gemm_ceiling.py read agree with the shape
+        rows, n, k = shapes[c.id]
+        assert (c.columns["g"], c.columns["m_total"], c.columns["n"], c.columns["k"]) == (len(rows), sum(rows), n, k)
 
 
 def test_rmsnorm_llm_grid():

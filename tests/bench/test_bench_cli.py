@@ -47,7 +47,8 @@ def test_real_machine_check_matches_torch():
 def test_list(capsys):
     assert cli.main(["--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("rmsnorm", "rmsnorm_llm", "topk", "dense_gemm", "grouped_gemm", "mxfp_gemm", "attention"):
+    for name in ("rmsnorm", "rmsnorm_llm", "topk", "dense_gemm", "grouped_gemm", "grouped_gemm_small", "mxfp_gemm",
+                 "attention"):
         assert f"\n{name}: " in "\n" + out
     assert "*  9  4096x4096x4096" in out  # a quick dense case, marked
 

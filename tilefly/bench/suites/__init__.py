@@ -6,7 +6,7 @@ import importlib
 
 from tilefly.bench.runner import Suite
 
-NAMES = ("rmsnorm", "rmsnorm_llm", "topk", "dense_gemm", "grouped_gemm", "mxfp_gemm", "attention")
+NAMES = ("rmsnorm", "rmsnorm_llm", "topk", "dense_gemm", "grouped_gemm", "grouped_gemm_small", "mxfp_gemm", "attention")
 
 
 def get(name: str) -> Suite:

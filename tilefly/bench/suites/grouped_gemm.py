@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Callable
 
 import torch
 
@@ -59,14 +60,19 @@ def grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tenso
     return torch._grouped_mm(a, b, offs=offs)
 
 
-def plan() -> Plan:
+def csv_shape(case: Case) -> tuple[list[int], int, int]:
+    return parse(case.columns["suite"], case.columns["case"])
+
+
+def plan(shape: Callable[[Case], tuple[list[int], int, int]] = csv_shape) -> Plan:
+    """``shape(case)`` -> (rows per group, N, K): how a suite's case names its problem."""
     hook, missing = hooks.bench_module("tilefly.ops.grouped_gemm.bench")
     notes = [B_LAYOUT]
     if not hasattr(torch, "_grouped_mm"):
         notes.append(f"torch {torch.__version__} has no torch._grouped_mm: nothing to time")
 
     def bench(case: Case) -> CaseBench:
-        rows, n, k = parse(case.columns["suite"], case.columns["case"])
+        rows, n, k = shape(case)
         a = randn(sum(rows), k)
         b = randn(len(rows), n, k).transpose(-2, -1)
         offs = torch.tensor(rows, dtype=torch.int64).cumsum(0).to(device=_common.DEVICE, dtype=torch.int32)
