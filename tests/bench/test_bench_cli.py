@@ -118,3 +118,27 @@ def test_main_hands_the_e2e_suite_to_its_engine(monkeypatch):
     seen = []
     monkeypatch.setattr(e2e, "main", lambda argv: seen.append(argv) or 0)
     assert cli.main(["--model", "tiny", "--suite=e2e"]) == 0 and seen == [["--model", "tiny"]]
+
+
+def test_a_finished_run_leaves_no_checkpoint_and_a_failed_one_keeps_it(monkeypatch, tmp_path, synthetic):
+    from tilefly.bench import runner
+
+    fail = []
+
+    def run_suite(suite, cases, policy, quick, env, checkpoint=None):
+        result = synthetic()
+        result.suite = suite.name
+        checkpoint(result)
+        assert (tmp_path / f"{suite.name}.partial.json").exists()
+        if fail:
+            raise RuntimeError("stopped after the checkpoint")
+        return result
+
+    monkeypatch.setattr(runner, "run_suite", run_suite)
+    monkeypatch.setattr(cli, "run_environment", lambda commit: {})
+    args = ["--suite", "topk", "--cases", "0", "--out", str(tmp_path), "--no-plot", "--commit", "x"]
+    assert cli.run(cli.parse_args(args)) == 0
+    assert (tmp_path / "topk.json").exists() and not (tmp_path / "topk.partial.json").exists()
+    fail.append(True)
+    assert cli.run(cli.parse_args(args)) == 1
+    assert (tmp_path / "topk.partial.json").exists()
