@@ -104,7 +104,6 @@ def table(paths: list[str], echo=print) -> None:
              f"{len(ratios)} rows")
 
 
-
 def main(argv=None) -> int:
     import torch
 
