@@ -135,3 +135,37 @@ def test_v3_extreme_scales_within_a_row_span_of_2_117_and_nan(fmt, swizzled, m, 
     b, sa, sb, ref, expect_nan = extreme_scale_case(fmt, swizzled, a, b_nk, bits_a, bits_b)
     for cfg in _v3(m, n, k, fmt):
         check_extreme_scale_run(a, b, sa, sb, swizzled, cfg, ref, expect_nan)
+
+
+WIDE_SHAPES = [(128, 256, 4096), (4096, 96, 256), (300, 200, 4128), (65, 4096, 512), (1024, 1024, 1024)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("m, n, k", WIDE_SHAPES)
+def test_every_wide_v3_build_matches_float64(fmt, swizzled, m, n, k):
+    """Tiles up to 128 x 128 (``v3_wide_configs``), K tails and odd slot counts included (4128 = 32 slots
+    and one of 32 K), each into a NaN-filled output."""
+    a, b, sa, sb = operands(fmt, m, n, k, swizzled, "cuda", seed=m + 5 * n + k)
+    ref = reference(a, b, sa, sb, fmt, swizzled)
+    builds = configs.v3_wide_configs(max(m, n), min(m, n), k, fmt)
+    assert builds
+    for cfg in builds:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        close(run_config(a, b, sa, sb, swizzled, cfg, out), ref, 2.0 ** -8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", mx.FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wide_v3_bias_and_column_major_output(fmt, dtype):
+    m, n, k = 200, 384, 1024
+    a, b, sa, sb = operands(fmt, m, n, k, True, "cuda", seed=11)
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    ref = reference(a, b, sa, sb, fmt, True, bias)
+    eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+    for cfg in configs.v3_wide_configs(n, m, k, fmt)[:2]:
+        for out in (torch.full((m, n), float("nan"), device="cuda", dtype=dtype),
+                    torch.full((n, m), float("nan"), device="cuda", dtype=dtype).t()):
+            close(run_config(a, b, sa, sb, True, cfg, out, bias), ref, eps)

@@ -166,8 +166,8 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "x_regs must be 0 or 1 (1: X from registers)"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
-    if cfg.block_n not in (8, 16, 32, 64):
-        return "block_n must be a power of two in 8..64"
+    if cfg.block_n not in (8, 16, 32, 64) and not (cfg.kernel == 3 and cfg.block_n == 128):
+        return "block_n must be a power of two in 8..64 (v3: 8..128)"
     if cfg.num_warps not in (4, 8):
         return "num_warps must be 4 or 8"
     if cfg.num_warps == 8 and cfg.block_m == 64 and cfg.block_n < 16:
@@ -290,6 +290,21 @@ def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
         return []
     cfg = MXConfig(64, small_slot(cols), 2, 4, kernel=3)
     return [cfg] if static_reason(cfg, fmt) is None else []
+
+
+# v3 tiles wider than a decode slot, for both sides of the product past 64 (the BF16 route's shapes):
+# (block_m, block_n, stages, warps, BF16 buffer sets). 128 x 128 over two warpgroups holds 64 accumulator
+# values a thread (128-155 registers, sm_90a); the two-stage one-set builds fit two programs an SM.
+V3_WIDE = ((128, 128, 2, 8, 2), (128, 128, 3, 8, 1), (128, 128, 4, 8, 1), (128, 64, 3, 4, 2), (128, 64, 2, 4, 1),
+           (64, 128, 3, 4, 2), (64, 128, 2, 4, 1))
+
+
+def v3_wide_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
+    """v3 builds on tiles of up to 128 x 128 for more than 64 columns."""
+    if cols <= 64:
+        return []
+    out = [MXConfig(bm, bn, st, w, kernel=3, bf16_sets=sets) for bm, bn, st, w, sets in V3_WIDE]
+    return [c for c in out if static_reason(c, fmt) is None]
 
 
 def v1_pick(rows: int, cols: int, k: int, fmt: str) -> MXConfig:

@@ -1,0 +1,119 @@
+"""MX GEMM where both sides of the product exceed 64 (issue 6): v3's wide tiles against the BF16 route.
+
+From 128 tokens up the eager path upcasts both operands to BF16 in one kernel, runs ``torch.mm`` and
+rescales (upcast.py): three launches and the whole weight written and read again in BF16, 0.41-0.87x of
+BF16 ``mm`` on the mxfp_gemm suite's shapes at b575154. v3 (kernels_v3.py) upcasts inside the CTA
+instead. This script times, per shape of the suite with both sides above 64 (or ``--shape``):
+
+- BF16 ``torch.mm`` on BF16 operands of the same shape (what the MX format has to beat);
+- the BF16 route (``upcast.run``);
+- every ``configs.v3_wide_configs`` build at the launcher's K-split count (``--splits`` forces others),
+
+each with CUDA events around the call, L2 flushed before it (tilefly.bench.timing, QUICK policy), and
+checks every build's output against the BF16 route's (both are exact up to summation order: the
+largest difference relative to the largest output is printed, and a build above 2^-6 is flagged).
+
+    python scripts/mx_wide_probe.py [--fmt mxfp8,mxfp4] [--shape 256x4096x4096 ...] [--splits auto,1,2,4]
+                                    [--headstart-us 300] [--json FILE --commit SHA]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+import torch
+
+TOLERANCE = 2.0 ** -6
+
+
+def suite_shapes() -> list[str]:
+    from tilefly.bench.cases import read_csv
+
+    seen = []
+    for row in read_csv("mxfp_gemm.csv"):
+        m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
+        if min(m, n) > 64 and f"{m}x{n}x{k}" not in seen:
+            seen.append(f"{m}x{n}x{k}")
+    return seen
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fmt", default="mxfp8,mxfp4")
+    ap.add_argument("--shape", action="append", help="MxNxK (default: the suite's shapes with both sides > 64)")
+    ap.add_argument("--splits", default="auto", help="K-split counts to force ('auto': the launcher's)")
+    ap.add_argument("--headstart-us", type=float, default=0.0, help="hold the GPU this long after each flush")
+    ap.add_argument("--json", help="also write every timed row here")
+    ap.add_argument("--commit", default="unknown", help="the commit measured, recorded in --json")
+    args = ap.parse_args()
+
+    import tilefly
+    from tilefly.bench import mx_operands
+    from tilefly.bench.timing import QUICK, measure
+    from tilefly.ops.mx_gemm import configs, eligibility, launch, upcast
+
+    tilefly.enable()
+    policy = replace(QUICK, headstart_us=args.headstart_us)
+    real_choose = launch.choose_splits
+    forced: list[int | None] = [None]
+    chosen: list[int] = []
+
+    def choose(cfg, tiles, k_steps, slots, split_cost=0.0):
+        s = real_choose(cfg, tiles, k_steps, slots, split_cost) if forced[0] is None else min(forced[0], k_steps)
+        chosen.append(s)
+        return s
+
+    launch.choose_splits = choose
+    rows_out: list[dict] = []
+    for fmt in args.fmt.split(","):
+        for shape in args.shape or suite_shapes():
+            m, n, k = (int(v) for v in shape.split("x"))
+            torch.manual_seed(m + 7 * n + 13 * k)
+            a16, b16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda",
+                                                                                            dtype=torch.bfloat16)
+            qa, qb = mx_operands.quantize(a16, fmt), mx_operands.quantize(b16, fmt)
+            p = eligibility.parse(qa.data, qb.data.t(), qa.scale, qb.scale, False, False)
+            ref = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            upcast.run(p, qa.data, qb.data.t(), qa.scale, qb.scale, ref)
+            scale = ref.float().abs().max().item()
+            flops = 2.0 * m * n * k
+            bf16_us = measure(lambda: torch.mm(a16, b16.t()), policy).median_us
+            up_us = measure(lambda: upcast.run(p, qa.data, qb.data.t(), qa.scale, qb.scale, ref), policy).median_us
+            print(f"\n{fmt} {shape}: bf16 mm {bf16_us:.1f} us ({flops / bf16_us / 1e6:.0f} TFLOP/s); "
+                  f"BF16 route {up_us:.1f} us (x bf16 {bf16_us / up_us:.2f})", flush=True)
+            base = {"fmt": fmt, "m": m, "n": n, "k": k, "bf16_mm_us": round(bf16_us, 3), "upcast_us": round(up_us, 3)}
+            rows, cols = max(m, n), min(m, n)
+            for cfg in configs.v3_wide_configs(rows, cols, k, fmt):
+                for splits in [None if v == "auto" else int(v) for v in args.splits.split(",")]:
+                    forced[0] = splits
+                    launch._plans.clear()
+                    chosen.clear()
+                    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                    fn = (lambda cfg=cfg, out=out: launch.run(p, qa.data, qb.data.t(), qa.scale, qb.scale, out,
+                                                               cfg=cfg))
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                        err = (out.float() - ref.float()).abs().max().item() / scale
+                        us = measure(fn, policy).median_us
+                    except Exception as exc:  # noqa: BLE001 - report and go on
+                        print(f"  {cfg.name} splits={splits}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                        continue
+                    s = chosen[-1] if chosen else "?"
+                    flag = "" if err <= TOLERANCE else "  WRONG"
+                    print(f"  {us:8.1f} us  {flops / us / 1e6:5.0f} TFLOP/s  x bf16 {bf16_us / us:4.2f}  "
+                          f"x route {up_us / us:4.2f}  err {err:.1e}  {cfg.name:<26} splits={s}"
+                          f"{' auto' if splits is None else ''}{flag}", flush=True)
+                    rows_out.append({**base, "build": cfg.name, "splits": s, "auto": splits is None,
+                                     "us": round(us, 3), "rel_err": err})
+            forced[0] = None
+    if args.json:
+        props = torch.cuda.get_device_properties(0)
+        with open(args.json, "w") as f:
+            json.dump({"gpu": props.name, "torch": torch.__version__, "commit": args.commit,
+                       "headstart_us": args.headstart_us, "rows": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
