@@ -10,7 +10,7 @@ from tilefly import mx
 from tilefly.ops.mx_gemm import configs
 
 from mx_cases import (assert_compiles_without_spills, check_extreme_scale_run, close, extreme_scale_case, operands,
-                      poison_swizzle_padding, raw_data, reference, run_config)
+                      poison_swizzle_padding, raw_data, reference, run_config, with_scales)
 
 
 def _v3(m, n, k, fmt):
@@ -169,3 +169,42 @@ def test_wide_v3_bias_and_column_major_output(fmt, dtype):
         for out in (torch.full((m, n), float("nan"), device="cuda", dtype=dtype),
                     torch.full((n, m), float("nan"), device="cuda", dtype=dtype).t()):
             close(run_config(a, b, sa, sb, True, cfg, out, bias), ref, eps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m, n, k", [(64, 48, 256), (256, 128, 512)])
+def test_v3_subnormal_e4m3_values_are_exact(m, n, k):
+    """X holds only E4M3 subnormals (codes 1-7, either sign: +-2^-9 .. 7 x 2^-9) at scale 2^0, so the
+    whole product rests on them: an upcast that flushed them would return zeros."""
+    g = torch.Generator(device="cuda").manual_seed(43)
+    codes = torch.randint(1, 8, (m, k), device="cuda", generator=g, dtype=torch.int32)
+    sign = torch.randint(0, 2, (m, k), device="cuda", generator=g, dtype=torch.int32) * 128
+    a = (codes + sign).to(torch.uint8).view(torch.float8_e4m3fn)
+    b_nk = raw_data("mxfp8", n, k, g)
+    ones_a = torch.full((m, k // 32), 127, device="cuda", dtype=torch.int32)
+    bits_b = torch.randint(120, 135, (n, k // 32), device="cuda", generator=g, dtype=torch.int32)
+    b, sa, sb, ref = with_scales("mxfp8", False, a, b_nk, ones_a, bits_b)
+    assert ref.abs().max() > 0
+    builds = _v3(m, n, k, "mxfp8") + configs.v3_wide_configs(max(m, n), min(m, n), k, "mxfp8")[:1]
+    for cfg in builds:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+        close(run_config(a, b, sa, sb, False, cfg, out), ref, 2.0 ** -13)
+
+
+@pytest.mark.cuda
+def test_v3_nan_data_poisons_its_row_and_column():
+    """A NaN data byte (E4M3 0x7F or 0xFF; E2M1 has no NaN) makes its output row (in X) or column (in Y)
+    NaN, as the dequantized product does."""
+    m, n, k = 96, 160, 512
+    a, b, sa, sb = operands("mxfp8", m, n, k, False, "cuda", seed=47)
+    a.view(torch.uint8)[5, 77] = 0x7F
+    b.view(torch.uint8).t()[9, 300] = 0xFF
+    ref = reference(a, b, sa, sb, "mxfp8", False)
+    expect = torch.zeros(m, n, dtype=torch.bool, device="cuda")
+    expect[5, :] = True
+    expect[:, 9] = True
+    assert torch.equal(torch.isnan(ref), expect)
+    for cfg in _v3(m, n, k, "mxfp8") + configs.v3_wide_configs(n, m, k, "mxfp8")[:1]:
+        out = torch.full((m, n), 0.0, device="cuda", dtype=torch.bfloat16)
+        run_config(a, b, sa, sb, False, cfg, out)
+        assert torch.equal(torch.isnan(out), expect), cfg.name
