@@ -15,6 +15,10 @@ largest difference relative to the largest output is printed, and a build above 
 
     python scripts/mx_wide_probe.py [--fmt mxfp8,mxfp4] [--shape 256x4096x4096 ...] [--splits auto,1,2,4]
                                     [--headstart-us 300] [--json FILE --commit SHA]
+    python scripts/mx_wide_probe.py --render FILE [FILE ...]    # Markdown: the fastest wide build per shape
+
+``--render`` needs no GPU: one row per format and shape of the first file, the BF16 ``mm`` and BF16-route
+times of each file and the fastest wide build of each (its time, name and ratio to BF16 ``mm``).
 """
 from __future__ import annotations
 
@@ -38,6 +42,29 @@ def suite_shapes() -> list[str]:
     return seen
 
 
+def render(paths: list[str]) -> str:
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    head = "| case | " + " | ".join(f"BF16 `mm` ({r['commit']}) | BF16 route | fastest wide v3 | x BF16 `mm`"
+                                     for r in runs) + " |"
+    lines = [head, "|---|" + "---:|---:|---|---:|" * len(runs)]
+    for key in dict.fromkeys((r["fmt"], r["m"], r["n"], r["k"]) for r in runs[0]["rows"]):
+        cells = [f"{key[0].upper()} {key[1]}x{key[2]}x{key[3]}"]
+        for run in runs:
+            rows = [r for r in run["rows"] if (r["fmt"], r["m"], r["n"], r["k"]) == key]
+            if not rows:
+                cells += ["", "", "", ""]
+                continue
+            best = min(rows, key=lambda r: r["us"])
+            cells += [f"{best['bf16_mm_us']:.1f}", f"{best['upcast_us']:.1f}",
+                      f"{best['us']:.1f} ({best['build']}, {best['splits']} split{'s' if best['splits'] != 1 else ''})",
+                      f"{best['bf16_mm_us'] / best['us']:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fmt", default="mxfp8,mxfp4")
@@ -46,7 +73,11 @@ def main() -> None:
     ap.add_argument("--headstart-us", type=float, default=0.0, help="hold the GPU this long after each flush")
     ap.add_argument("--json", help="also write every timed row here")
     ap.add_argument("--commit", default="unknown", help="the commit measured, recorded in --json")
+    ap.add_argument("--render", nargs="+", metavar="FILE", help="print the Markdown table of these --json files")
     args = ap.parse_args()
+    if args.render:
+        print(render(args.render))
+        return
 
     import tilefly
     from tilefly.bench import mx_operands

@@ -15,7 +15,8 @@ Cases:
     gemm:CONFIG:MxNxK                 tilefly's dense GEMM with CONFIG (a configs name), BF16 NT
     aten-gemm:MxNxK                   torch.mm, BF16 NT (cuBLAS)
     mx:FMT:CONFIG:MxNxK               tilefly's MX GEMM (FMT mxfp8/mxfp4) with CONFIG, a name from
-                                      mx_gemm.configs.offered on that shape, or "pick" (the eager choice)
+                                      mx_gemm.configs.offered or v3_wide_configs on that shape, or "pick"
+                                      (the eager choice)
 Without --case: the RMSNorm rows under 3.5 TB/s (issue 3) beside their aligned neighbours, and the
 decode GEMM 16x4096x4096 with its best config beside cuBLAS (issue 5).
 Without ncu it prints each case's median time (CUDA events, L2 flushed), which says whether the
@@ -83,10 +84,11 @@ def build(case: str):
         qb = mx_operands.quantize(torch.randn(n, k, device="cuda"), fmt)
         p = eligibility.parse(qa.data, qb.data.t(), qa.scale, qb.scale, False, False)
         rows, cols = max(m, n), min(m, n)
+        known = mx_configs.offered(rows, cols, k, fmt) + mx_configs.v3_wide_configs(rows, cols, k, fmt)
         cfg = mx_configs.pick(rows, cols, k, fmt) if name == "pick" else next(
-            (c for c in mx_configs.offered(rows, cols, k, fmt) if c.name == name), None)
+            (c for c in known if c.name == name), None)
         if cfg is None:
-            raise SystemExit(f"{name!r} is not offered for {fmt} {shape} (mx_gemm.configs.offered)")
+            raise SystemExit(f"{name!r} is not offered for {fmt} {shape} (mx_gemm.configs.offered, v3_wide_configs)")
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return (f"{case} [{cfg.name}] (W {qb.nbytes / 1e6:.1f} MB)",
                 lambda: mx_launch.run(p, qa.data, qb.data.t(), qa.scale, qb.scale, out, cfg=cfg))

@@ -43,3 +43,11 @@ def test_anything_else_is_named_by_its_launches():
     extra = wrapper("triton_poi_fused_0.run(arg0_1, buf1, stream=stream0)", "extern_kernels.mm(buf1, arg1_1, out=buf0)")
     assert pick_from_code(extra, ("extern_kernels.mm",)) == "ATen (launches: triton_poi_fused_0, extern_kernels.mm)"
     assert pick_from_code(wrapper(), ("extern_kernels.mm",)) is None
+
+
+def test_inductor_helper_ops_are_not_launches():
+    """``_alloc_from_pool`` hands out a slice of a pooled buffer: it used to show as a launch in every pick."""
+    code = wrapper("buf1 = torch.ops.inductor._alloc_from_pool(buf0, 0, torch.bfloat16, (16, 4096), (4096, 1))",
+                   "extern_kernels.tilefly_mm_splitk64x16x128_s8_w4_k16_v1(arg0_1, arg1_1, out=buf1)")
+    assert kernel_calls(code) == ["extern_kernels.tilefly_mm_splitk64x16x128_s8_w4_k16_v1"]
+    assert pick_from_code(code, ("extern_kernels.mm",)) == "tilefly"

@@ -73,6 +73,11 @@ def compile_static(fn: Callable[..., Any], mode: str | None = None) -> Callable[
 _CALL = re.compile(r"\b((?:extern_kernels|torch\.ops\.\w+)\.\w+|triton_\w+(?=\.run\())")
 
 
+# Inductor's own helper ops in the wrapper (``torch.ops.inductor._alloc_from_pool`` carves a buffer out of
+# a memory pool): they launch nothing.
+_HELPERS = "torch.ops.inductor."
+
+
 def kernel_calls(code: list[str]) -> list[str]:
     """The kernels Inductor's wrapper code launches, in order, each once. Comments are left out:
     the wrapper's source-node comments name ``aten.mm`` whatever kernel the node became."""
@@ -80,7 +85,8 @@ def kernel_calls(code: list[str]) -> list[str]:
     for module in code:
         for line in module.splitlines():
             for match in _CALL.finditer(line.split("#", 1)[0]):
-                calls[match.group(1)] = None
+                if not match.group(1).startswith(_HELPERS):
+                    calls[match.group(1)] = None
     return list(calls)
 
 

@@ -295,6 +295,9 @@ def v3_configs(rows: int, cols: int, k: int, fmt: str) -> list[MXConfig]:
 # v3 tiles wider than a decode slot, for both sides of the product past 64 (the BF16 route's shapes):
 # (block_m, block_n, stages, warps, BF16 buffer sets). 128 x 128 over two warpgroups holds 64 accumulator
 # values a thread (128-155 registers, sm_90a); the two-stage one-set builds fit two programs an SM.
+# Not offered: scripts/mx_wide_probe.py times them (BENCHMARKS.md, session 47). On the suite's shapes with
+# both sides past 64 the fastest ran at 0.36-0.61x of BF16 ``mm``'s speed (at most 303 TFLOP/s), level with
+# the BF16 route at 128 tokens and slower from 256 up.
 V3_WIDE = ((128, 128, 2, 8, 2), (128, 128, 3, 8, 1), (128, 128, 4, 8, 1), (128, 64, 3, 4, 2), (128, 64, 2, 4, 1),
            (64, 128, 3, 4, 2), (64, 128, 2, 4, 1))
 

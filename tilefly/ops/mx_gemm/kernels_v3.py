@@ -58,8 +58,6 @@ along M for BLOCK_M = 128):
 """
 from __future__ import annotations
 
-import os
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
@@ -96,28 +94,6 @@ cvt.rn.bf16x2.f32 p0, f1, f0;
 cvt.rn.bf16x2.f32 p1, f3, f2;
 mul.rn.bf16x2 $0, p0, $3;
 mul.rn.bf16x2 $1, p1, $4;
-}""")
-
-
-# Experiment (TILEFLY_V3_INT_UPCAST=1): E4M3 bytes to BF16 by integer ops. Byte b moved to bits 4..10 of a
-# 16-bit lane (sign to bit 15) is the BF16 pattern of b's value times 2^-120 (E4M3 subnormals become BF16
-# subnormals, exactly), so the block factor carries 2^120. No conversion instructions; NaN bytes are not kept.
-INT_UPCAST = gl.constexpr(os.environ.get("TILEFLY_V3_INT_UPCAST") == "1")
-INT_UPCAST_BIAS = gl.constexpr(120)
-_UPCAST_INT_ASM = gl.constexpr("""{
-.reg .b32 p0, p1, m0, m1;
-prmt.b32 p0, $2, 0, 0x1404;
-prmt.b32 p1, $2, 0, 0x3424;
-shr.b32 m0, p0, 4;
-shr.b32 m1, p1, 4;
-and.b32 m0, m0, 0x07F007F0;
-and.b32 m1, m1, 0x07F007F0;
-and.b32 p0, p0, 0x80008000;
-and.b32 p1, p1, 0x80008000;
-or.b32 m0, m0, p0;
-or.b32 m1, m1, p1;
-mul.rn.bf16x2 $0, m0, $3;
-mul.rn.bf16x2 $1, m1, $4;
 }""")
 
 
@@ -176,8 +152,6 @@ def scale_row_max(s_ptr, off, n_idx, kb_first, n_kb, k_blocks, stride_r, stride_
 def block_factor(bits, e_ref):
     """2^(bits - e_ref) as BF16, exactly (subnormal down to 2^-133, zero below); NaN for byte 255."""
     d = bits - e_ref
-    if INT_UPCAST:
-        d = d + INT_UPCAST_BIAS
     subnormal = gl.where(d >= -133, 1 << gl.maximum(d + 133, 0), 0)
     pattern = gl.where(d >= -126, (d + 127) << 7, subnormal)
     pattern = gl.where(bits == E8M0_NAN, BF16_NAN, pattern)
@@ -200,12 +174,8 @@ def upcast_block(slot_tile, dst, factor, j: gl.constexpr, FP4: gl.constexpr, ROW
     else:
         codes = slot_tile.slice(j * SCALE_BLOCK, SCALE_BLOCK, dim=1).load(layout).to(gl.uint8, bitcast=True)
         factors, _ = gl.broadcast(factor[:, None], codes)
-    if INT_UPCAST:
-        values = gl.inline_asm_elementwise(_UPCAST_INT_ASM, "=r,=r,r,r,r", [codes, factors], dtype=gl.bfloat16,
-                                           is_pure=True, pack=4)
-    else:
-        values = gl.inline_asm_elementwise(_UPCAST_ASM, "=r,=r,r,r,r", [codes, factors], dtype=gl.bfloat16,
-                                           is_pure=True, pack=4)
+    values = gl.inline_asm_elementwise(_UPCAST_ASM, "=r,=r,r,r,r", [codes, factors], dtype=gl.bfloat16,
+                                       is_pure=True, pack=4)
     dst.store(values)
 
 
