@@ -16,9 +16,12 @@ largest difference relative to the largest output is printed, and a build above 
     python scripts/mx_wide_probe.py [--fmt mxfp8,mxfp4] [--shape 256x4096x4096 ...] [--splits auto,1,2,4]
                                     [--headstart-us 300] [--json FILE --commit SHA]
     python scripts/mx_wide_probe.py --render FILE [FILE ...]    # Markdown: the fastest wide build per shape
+    python scripts/mx_wide_probe.py --compare BASE OTHER         # one build's time in two runs
 
 ``--render`` needs no GPU: one row per format and shape of the first file, the BF16 ``mm`` and BF16-route
 times of each file and the fastest wide build of each (its time, name and ratio to BF16 ``mm``).
+``--compare`` (no GPU either): per shape, BASE's fastest build and the same build's time in OTHER (a run of
+another kernel variant), their ratio and its geometric mean.
 """
 from __future__ import annotations
 
@@ -65,6 +68,31 @@ def render(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def compare(base_path: str, other_path: str) -> str:
+    import math
+
+    with open(base_path) as f:
+        base = json.load(f)
+    with open(other_path) as f:
+        other = json.load(f)
+    times = {(r["fmt"], r["m"], r["n"], r["k"], r["build"]): r["us"] for r in other["rows"]}
+    lines = [f"| case | fastest build at {base['commit']} | µs at {base['commit']} | µs at {other['commit']} | ratio |",
+             "|---|---|---:|---:|---:|"]
+    ratios = []
+    for key in dict.fromkeys((r["fmt"], r["m"], r["n"], r["k"]) for r in base["rows"]):
+        best = min((r for r in base["rows"] if (r["fmt"], r["m"], r["n"], r["k"]) == key), key=lambda r: r["us"])
+        theirs = times.get((*key, best["build"]))
+        if theirs is None:
+            continue
+        ratios.append(theirs / best["us"])
+        lines.append(f"| {key[0].upper()} {key[1]}x{key[2]}x{key[3]} | {best['build']} | {best['us']:.1f} | "
+                     f"{theirs:.1f} | {ratios[-1]:.2f}x |")
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    lines.append(f"\nTime at {other['commit']} over time at {base['commit']}: geomean {geo:.3f}x (min {min(ratios):.2f}x, "
+                 f"max {max(ratios):.2f}x, n={len(ratios)})")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fmt", default="mxfp8,mxfp4")
@@ -74,7 +102,12 @@ def main() -> None:
     ap.add_argument("--json", help="also write every timed row here")
     ap.add_argument("--commit", default="unknown", help="the commit measured, recorded in --json")
     ap.add_argument("--render", nargs="+", metavar="FILE", help="print the Markdown table of these --json files")
+    ap.add_argument("--compare", nargs=2, metavar=("BASE", "OTHER"), help="print BASE's fastest build per shape "
+                    "beside the same build's time in OTHER")
     args = ap.parse_args()
+    if args.compare:
+        print(compare(*args.compare))
+        return
     if args.render:
         print(render(args.render))
         return
