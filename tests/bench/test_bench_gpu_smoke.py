@@ -12,9 +12,15 @@ SMOKE = timing.Policy(warmup_calls=2, min_reps=5, target_ms=1.0, max_reps=5)
 MUST_TIME = {
     "rmsnorm": ["aten"], "rmsnorm_llm": ["aten"], "topk": ["aten:nondet", "aten:det"],
     "dense_gemm": ["aten", "triton", "best(aten,triton)"], "grouped_gemm": ["aten", "best(aten,triton)"],
+    "grouped_gemm_small": ["aten", "best(aten,triton)"],
     "mxfp_gemm": ["dequant_mm_eager", "dequant_mm_compiled", "bf16_mm", "dequant_mm"],
     "attention": ["default:fwd", "default:fwd+bwd", "efficient:fwd"],
 }
+
+
+def test_every_suite_names_the_providers_its_smoke_case_must_time():
+    """A suite added without an entry here fails its GPU smoke test with a KeyError (grouped_gemm_small did)."""
+    assert set(MUST_TIME) == set(suites.NAMES)
 
 
 @pytest.mark.cuda
