@@ -107,7 +107,7 @@ def block_layout(fp4, rows, num_warps):
     # Lanes go down the rows first (order [0, 1]): a quarter-warp's 16-byte accesses then land on eight rows,
     # i.e. eight different 16-byte bank groups under the 128-byte swizzle; row-first lanes put four rows of
     # two chunks there, two ways on each group (Nsight Compute at 7a9fab4: 7.7 wavefronts a shared load).
-    # Measured level with the row-first order (BENCHMARKS.md session 47): the conflicts were not the bound.
+    # Timed level with the row-first order on the wide builds (BENCHMARKS.md session 47).
     return gl.BlockedLayout([1, values // 2 if fp4 else values], [32 // per_row, per_row], [num_warps, 1], [0, 1])
 
 
