@@ -12,6 +12,10 @@ to its largest scale and its product rescaled in FP32. Rows whose scales all lie
 are exact; a shifted row loses only blocks more than 2^117 below its largest (flushed to zero), which
 the exact kernels would keep (``TILEFLY_MX_UPCAST=never`` sends every call to them).
 
+Upcasting inside the GEMM's CTAs instead (kernels_v3 on tiles of up to 128 x 128, ``configs.v3_wide_configs``)
+reached at most ~300 TFLOP/s on the H200, level with this route at 128 tokens and slower beyond (BENCHMARKS.md,
+session 47), so this route stays.
+
 Output: BF16 without bias goes straight from the GEMM into ``out`` (rescaled in place where needed);
 FP16 and FP32 outputs and a bias take the GEMM's FP32 product through one more pass (cast, scale,
 bias), so the result is rounded once, as the exact kernels round it.
