@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 
 import torch
@@ -69,8 +70,6 @@ def render(paths: list[str]) -> str:
 
 
 def compare(base_path: str, other_path: str) -> str:
-    import math
-
     with open(base_path) as f:
         base = json.load(f)
     with open(other_path) as f:
@@ -87,6 +86,8 @@ def compare(base_path: str, other_path: str) -> str:
         ratios.append(theirs / best["us"])
         lines.append(f"| {key[0].upper()} {key[1]}x{key[2]}x{key[3]} | {best['build']} | {best['us']:.1f} | "
                      f"{theirs:.1f} | {ratios[-1]:.2f}x |")
+    if not ratios:
+        return "\n".join(lines + ["", "No build of the base run was timed in the other."])
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     lines.append(f"\nTime at {other['commit']} over time at {base['commit']}: geomean {geo:.3f}x (min {min(ratios):.2f}x, "
                  f"max {max(ratios):.2f}x, n={len(ratios)})")

@@ -1,6 +1,7 @@
 """MX GEMM kernel v3 (kernels_v3: operands upcast to BF16 in the CTA): configs on CPU, the sm_90a compile
 of its shipped builds (async BF16 wgmma, the exact E4M3 conversion, no spills); on the H200 every v3
-config against the float64 dequantized reference, poisoned outputs, K tails, extreme and NaN scales."""
+config against the float64 dequantized reference, poisoned outputs, K tails, extreme and NaN scales, the
+probe-only wide builds (``v3_wide_configs``), E4M3 subnormal data and NaN data bytes."""
 from dataclasses import replace
 
 import pytest
