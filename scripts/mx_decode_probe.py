@@ -63,6 +63,29 @@ def variants(rows: int, cols: int, k: int, fmt: str, kernels=(1, 2, 3)):
     return [replace(c, max_splits=32) for c in base], more
 
 
+def steer_splits(forced: list, chosen: list) -> None:
+    """Route the MX launcher's K-split count through ``forced[0]`` (None: the launcher's own, from its model
+    or the split tuning database) and append every count it runs to ``chosen``."""
+    from tilefly.ops.mx_gemm import launch, split_tuning
+
+    real_choose, real_measured = launch.choose_splits, split_tuning.splits_for
+
+    def choose(cfg, tiles, k_steps, slots, split_cost=0.0):
+        s = real_choose(cfg, tiles, k_steps, slots, split_cost) if forced[0] is None else min(forced[0], k_steps)
+        chosen.append(s)
+        return s
+
+    def measured(device_index, fmt, cfg, rows, cols, k):
+        """The tuning database's count ('auto' runs what the launcher runs); none while a count is forced."""
+        s = None if forced[0] is not None else real_measured(device_index, fmt, cfg, rows, cols, k)
+        if s is not None:
+            chosen.append(s)
+        return s
+
+    launch.choose_splits = choose
+    split_tuning.splits_for = measured
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fmt", default="mxfp8,mxfp4")
@@ -95,24 +118,9 @@ def main() -> None:
     tilefly.enable()
     policy = replace(QUICK, headstart_us=args.headstart_us)
     chosen_splits: list[int] = []
-    real_choose, real_measured = launch.choose_splits, split_tuning.splits_for
     forced: list[int | None] = [None]
     timed_rows: list[dict] = []
-
-    def choose(cfg, tiles, k_steps, slots, split_cost=0.0):
-        s = real_choose(cfg, tiles, k_steps, slots, split_cost) if forced[0] is None else min(forced[0], k_steps)
-        chosen_splits.append(s)
-        return s
-
-    def measured(device_index, fmt, cfg, rows, cols, k):
-        """The tuning database's count ('auto' runs what the launcher runs); none while a count is forced."""
-        s = None if forced[0] is not None else real_measured(device_index, fmt, cfg, rows, cols, k)
-        if s is not None:
-            chosen_splits.append(s)
-        return s
-
-    launch.choose_splits = choose
-    split_tuning.splits_for = measured
+    steer_splits(forced, chosen_splits)
     profile: list = []
     for fmt in args.fmt.split(","):
         for shape in args.shape or SHAPES:

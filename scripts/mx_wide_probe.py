@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import replace
 
 import torch
@@ -70,6 +69,8 @@ def render(paths: list[str]) -> str:
 
 
 def compare(base_path: str, other_path: str) -> str:
+    from tilefly.bench.results import geomean
+
     with open(base_path) as f:
         base = json.load(f)
     with open(other_path) as f:
@@ -88,7 +89,7 @@ def compare(base_path: str, other_path: str) -> str:
                      f"{theirs:.1f} | {ratios[-1]:.2f}x |")
     if not ratios:
         return "\n".join(lines + ["", "No build of the base run was timed in the other."])
-    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    geo = geomean(ratios)
     lines.append(f"\nTime at {other['commit']} over time at {base['commit']}: geomean {geo:.3f}x (min {min(ratios):.2f}x, "
                  f"max {max(ratios):.2f}x, n={len(ratios)})")
     return "\n".join(lines)
@@ -118,18 +119,13 @@ def main() -> None:
     from tilefly.bench.timing import QUICK, measure
     from tilefly.ops.mx_gemm import configs, eligibility, launch, upcast
 
+    from mx_decode_probe import steer_splits   # this script's directory leads sys.path when run
+
     tilefly.enable()
     policy = replace(QUICK, headstart_us=args.headstart_us)
-    real_choose = launch.choose_splits
     forced: list[int | None] = [None]
     chosen: list[int] = []
-
-    def choose(cfg, tiles, k_steps, slots, split_cost=0.0):
-        s = real_choose(cfg, tiles, k_steps, slots, split_cost) if forced[0] is None else min(forced[0], k_steps)
-        chosen.append(s)
-        return s
-
-    launch.choose_splits = choose
+    steer_splits(forced, chosen)
     rows_out: list[dict] = []
     for fmt in args.fmt.split(","):
         for shape in args.shape or suite_shapes():

@@ -69,13 +69,9 @@ def compile_static(fn: Callable[..., Any], mode: str | None = None) -> Callable[
 
 
 # A kernel launched from Inductor's wrapper code: an extern kernel (ATen's or a registered
-# choice such as tilefly's), a custom op, or a generated Triton kernel's ``.run``.
-_CALL = re.compile(r"\b((?:extern_kernels|torch\.ops\.\w+)\.\w+|triton_\w+(?=\.run\())")
-
-
-# Inductor's own helper ops in the wrapper (``torch.ops.inductor._alloc_from_pool`` carves a buffer out of
-# a memory pool): they launch nothing.
-_HELPERS = "torch.ops.inductor."
+# choice such as tilefly's), a custom op, or a generated Triton kernel's ``.run``. Inductor's own
+# helper ops (``torch.ops.inductor._alloc_from_pool`` carves a buffer out of a pool) launch nothing.
+_CALL = re.compile(r"\b((?:extern_kernels|torch\.ops\.(?!inductor\.)\w+)\.\w+|triton_\w+(?=\.run\())")
 
 
 def kernel_calls(code: list[str]) -> list[str]:
@@ -85,8 +81,7 @@ def kernel_calls(code: list[str]) -> list[str]:
     for module in code:
         for line in module.splitlines():
             for match in _CALL.finditer(line.split("#", 1)[0]):
-                if not match.group(1).startswith(_HELPERS):
-                    calls[match.group(1)] = None
+                calls[match.group(1)] = None
     return list(calls)
 
 
