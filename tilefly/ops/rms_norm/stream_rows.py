@@ -43,21 +43,33 @@ def chunk_layout(num_warps):
 
 
 @gluon.jit
-def _issue_row(x_desc, ring, ready, row, slot, N, BOXES: gl.constexpr, CHUNK: gl.constexpr, CHUNKS: gl.constexpr):
-    """The TMA copies of row ``row``'s window into ring slot ``slot``, box b at row b of the slot."""
+def _issue_row(x_desc, xv_desc, view_rows, ring, ready, row, slot, N, BOXES: gl.constexpr, CHUNK: gl.constexpr,
+               CHUNKS: gl.constexpr):
+    """The TMA copies of row ``row``'s window into ring slot ``slot``, box b at row b of the slot: a
+    whole chunk in one copy through the overlapping 2-D view ``xv_desc`` (rows of 2 * BOX elements
+    BOX apart) where the view reaches, single boxes otherwise (the chunk past the last whole one,
+    and chunks near the tensor's end)."""
     BOX_: gl.constexpr = x_desc.block_type.shape[0]
+    FULL: gl.constexpr = BOXES // CHUNK
     s0 = row * N // 8 * 8
     bar = ready.index(slot)
     mbarrier.expect(bar, BOXES * x_desc.block_type.nbytes)
-    n_boxes = (N + 7 + BOX_ - 1) // BOX_  # = BOXES, as a run-time bound: unrolled, the loop held every address
-    for b in range(n_boxes):
-        # unswizzled, so the [CHUNK, BOX] chunk seen with the descriptor's 1-D layout is the same bytes
-        chunk = ring.index(slot * CHUNKS + b // CHUNK)._reinterpret(x_desc.dtype, [CHUNK, BOX_], x_desc.layout)
-        tma.async_copy_global_to_shared(x_desc, [s0 + b * BOX_], bar, chunk.index(b % CHUNK))
+    for c in range(FULL):
+        f = s0 + c * CHUNK * BOX_
+        if f // BOX_ + CHUNK <= view_rows:
+            tma.async_copy_global_to_shared(xv_desc, [f // BOX_, f % BOX_], bar, ring.index(slot * CHUNKS + c))
+        else:
+            chunk = ring.index(slot * CHUNKS + c)._reinterpret(x_desc.dtype, [CHUNK, BOX_], x_desc.layout)
+            for b in range(CHUNK):
+                tma.async_copy_global_to_shared(x_desc, [f + b * BOX_], bar, chunk.index(b))
+    if FULL < CHUNKS:
+        chunk = ring.index(slot * CHUNKS + FULL)._reinterpret(x_desc.dtype, [CHUNK, BOX_], x_desc.layout)
+        for b in range(BOXES - FULL * CHUNK):
+            tma.async_copy_global_to_shared(x_desc, [s0 + (FULL * CHUNK + b) * BOX_], bar, chunk.index(b))
 
 
 @gluon.jit
-def rms_norm_stream_kernel(x_desc, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
+def rms_norm_stream_kernel(x_desc, xv_desc, view_rows, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
                            BOXES: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, HAS_W: gl.constexpr):
     BOX_: gl.constexpr = x_desc.block_type.shape[0]
     DTYPE: gl.constexpr = x_desc.dtype
@@ -79,7 +91,7 @@ def rms_norm_stream_kernel(x_desc, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
     fence_async_shared()
     for j in gl.static_range(STAGES):
         if j < n_rows:
-            _issue_row(x_desc, ring, ready, pid + j * G, j, N, BOXES, CHUNK, CHUNKS)
+            _issue_row(x_desc, xv_desc, view_rows, ring, ready, pid + j * G, j, N, BOXES, CHUNK, CHUNKS)
 
     box_ids = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BOX_, layout=gl.SliceLayout(0, layout))
@@ -107,6 +119,9 @@ def rms_norm_stream_kernel(x_desc, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         row = pid + i * G
         s0 = row * N // V * V
+        # the two runs straddling the row's ends go out element by element, from x in L2: loaded now
+        # so that their latency hides behind the passes
+        xe = gl.load(x_ptr + s0 + e_pos, mask=e_inside, other=0.0).to(gl.float32)
         acc = gl.zeros([CHUNK, BOX_], gl.float32, layout)
         for c in range(CHUNKS):
             p = c * CHUNK * BOX_ + pos
@@ -119,8 +134,6 @@ def rms_norm_stream_kernel(x_desc, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
             ws = w_buf.index(c).load(layout).to(gl.float32)
             ys = (xs * rstd * ws).to(DTYPE)
             gl.store(y_ptr + s0 + c * CHUNK * BOX_ + pos, ys, mask=(q >= lo) & (q < hi))
-        # the two runs straddling the row's ends, element by element (x again from L2)
-        xe = gl.load(x_ptr + s0 + e_pos, mask=e_inside, other=0.0).to(gl.float32)
         if HAS_W:
             we = gl.load(w_ptr + (e_pos - ph), mask=e_inside, other=0.0).to(gl.float32)
             ye = xe * rstd * we
@@ -130,4 +143,4 @@ def rms_norm_stream_kernel(x_desc, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
         gl.store(rstd_ptr + row, rstd)
         gl.thread_barrier()  # every warp has read this slot: it may take the row STAGES ahead
         if i + STAGES < n_rows:
-            _issue_row(x_desc, ring, ready, pid + (i + STAGES) * G, slot, N, BOXES, CHUNK, CHUNKS)
+            _issue_row(x_desc, xv_desc, view_rows, ring, ready, pid + (i + STAGES) * G, slot, N, BOXES, CHUNK, CHUNKS)
