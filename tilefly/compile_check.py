@@ -36,7 +36,6 @@ class KernelSpec:
     gluon: bool = False
     sass_must_contain: tuple[str, ...] = ()   # e.g. ("HGMMA",)
     max_local_bytes: int = 0                  # stack frame + local memory allowed (spills), bytes
-    maxnreg: int | None = None                # Triton's register cap a thread (None: ptxas decides)
 
 
 @dataclass
@@ -91,8 +90,6 @@ def _compile(spec: KernelSpec):
         from triton.compiler import ASTSource as Source
     src = Source(fn, spec.signature, constexprs=dict(spec.constexprs), attrs=dict(spec.attrs) or None)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    if spec.maxnreg:
-        options["maxnreg"] = spec.maxnreg
     return triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32), options=options)
 
 

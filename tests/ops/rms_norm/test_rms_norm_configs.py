@@ -480,11 +480,11 @@ def test_persistent_grid_is_capped_at_the_programs():
 
 # -- same_phase: SPLIT rows V apart, sharing one w tile -----------------------------------------
 
-def test_same_phase_candidates():
-    """The full sweep offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
+def test_same_phase_rows_are_the_new_candidates():
+    """sweep.py --new offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
     without pdl) or realigned, 16-64 values a thread; nothing for other layouts or short rows."""
     for N, size in ((16385, 4), (16385, 2), (8193, 2), (4097, 4)):
-        cands = configs.same_phase_candidates(N, size, SPLIT)
+        cands = configs.new_candidates(N, size, SPLIT)
         assert cands and len(cands) == len(set(cands)) and set(cands) <= set(configs.candidates(N, size, SPLIT))
         for cfg in cands:
             configs.validate(cfg, N, size, SPLIT)
@@ -493,12 +493,12 @@ def test_same_phase_candidates():
             assert configs.kernel_constexprs(cfg, N, size, SPLIT, True)["SAME_PHASE"] is True
         assert {(c.w_shift, c.pdl, c.w_realign) for c in cands} == {(True, True, False), (True, False, False),
                                                                    (False, False, True)}
-    assert configs.same_phase_candidates(16384, 4, ALIGNED) == configs.same_phase_candidates(127, 2, GENERIC) == []
-    assert configs.same_phase_candidates(1001, 2, SPLIT) == []
-    cfg = configs.same_phase_candidates(16385, 4, SPLIT)[0]
+    assert configs.new_candidates(16384, 4, ALIGNED) == configs.new_candidates(127, 2, GENERIC) == []
+    assert configs.new_candidates(1001, 2, SPLIT) == []
+    cfg = configs.new_candidates(16385, 4, SPLIT)[0]
     assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
     assert configs.kernel_constexprs(configs.heuristic(16385, 2, SPLIT), 16385, 2, SPLIT, True)["SAME_PHASE"] is False
-    assert configs.heuristic(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
+    assert configs.heuristic(16385, 4, SPLIT) in configs.new_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
     for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
         with pytest.raises(ValueError, match="same_phase"):
             configs.validate(bad, 16385, 4, SPLIT)
@@ -521,43 +521,3 @@ def test_same_phase_grid_gives_every_row_one_tile_of_its_phase(M, rows, v):
         seen += [r for r in tile_rows if r < M]
     assert sorted(seen) == list(range(M))
     assert entry.grid(M) < -(-M // rows) + v  # at most one partly empty group beyond the plain grid
-
-
-# -- max_regs: rows tiles with their registers capped ---------------------------------------------
-
-@pytest.mark.parametrize("N, size, layout", [(16385, 2, SPLIT), (16384, 2, ALIGNED), (16385, 4, SPLIT),
-                                             (8193, 4, SPLIT), (4097, 2, SPLIT), (32769, 4, SPLIT)])
-def test_register_capped_candidates(N, size, layout):
-    """sweep.py --new offers the one-pass rows tiles (the heuristic's, one row over 8 warps) with a
-    register cap that fits 2-4 CTAs an SM; nothing where the row is not a one-pass rows tile."""
-    cands = configs.new_candidates(N, size, layout)
-    assert cands and len(cands) == len(set(cands)) and set(cands) <= set(configs.candidates(N, size, layout))
-    for cfg in cands:
-        configs.validate(cfg, N, size, layout)
-        threads = 32 * cfg.num_warps
-        assert cfg.kernel == "rows" and cfg.max_regs % 8 == 0 and f"[regs<={cfg.max_regs}]" in str(cfg)
-        assert 2 <= configs.REGS_PER_SM // (threads * cfg.max_regs) <= 4
-        assert replace(cfg, max_regs=0) in (configs.heuristic(N, size, layout),
-                                            configs._one_row(configs.heuristic(N, size, layout)),
-                                            replace(configs._one_row(configs.heuristic(N, size, layout)), num_warps=8))
-    assert configs.new_candidates(65536, 2, ALIGNED) == configs.new_candidates(127, 2, GENERIC) == []
-    assert configs.new_candidates(1001, 2, SPLIT) == []
-
-
-def test_max_regs_is_validated():
-    for bad in (Config("chunked", 4096, max_regs=64), Config("rows", 16384, 1, 8, max_regs=60),
-                Config("rows", 16384, 1, 8, max_regs=16)):
-        with pytest.raises(ValueError, match="max_regs"):
-            configs.validate(bad, 16384, 2, ALIGNED)
-
-
-def test_a_register_cap_reaches_the_compiler():
-    """The cap is a compile option: the sm_90a build of a capped tile stays within it (spilling)."""
-    pytest.importorskip("triton")
-    from tilefly.compile_check import compile_one
-
-    cfg = Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, max_regs=80)
-    spec = configs._spec("fp16", SPLIT, cfg, 16385)
-    result = compile_one(replace(spec, max_local_bytes=1024))
-    assert result.ok, result.error
-    assert result.registers <= 80 < compile_one(configs._spec("fp16", SPLIT, replace(cfg, max_regs=0), 16385)).registers

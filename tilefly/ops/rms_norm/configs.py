@@ -55,8 +55,6 @@ class Config:
                                # shared memory (PERSISTENT, kernels.py)
     same_phase: bool = False   # rows kernel, SPLIT rows, rows > 1: a program's rows are V apart,
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
-    max_regs: int = 0          # rows kernel: registers a thread at most (Triton's maxnreg; 0 leaves
-                               # it to ptxas), so that more CTAs fit an SM at the cost of spills
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -82,8 +80,6 @@ class Config:
             text += "[same-phase]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
-        if self.max_regs:
-            text += f"[regs<={self.max_regs}]"
         return text if self.split else text + "[no-split]"
 
 
@@ -193,8 +189,6 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
                          f"segments, outside 2..{MAX_SEGMENTS}")
     if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
         raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
-    if config.max_regs and (config.kernel != "rows" or not 24 <= config.max_regs <= 255 or config.max_regs % 8):
-        raise ValueError(f"{config}: max_regs caps the rows kernel, a multiple of 8 in 24..255")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -223,7 +217,6 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     out += tried_candidates(N, element_size, layout)
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
-                              + same_phase_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -239,8 +232,8 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
     return (config.stages - 1) * tile * (config.rows + w_tiles)
 
 
-def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """SPLIT rows tiles of
+def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: SPLIT rows tiles of
     2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
     without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
     against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
@@ -260,36 +253,6 @@ def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config
                 out += [replace(base, w_shift=True, pdl=True), replace(base, w_shift=True),
                         replace(base, w_realign=True)]
     return out
-
-
-REGS_PER_SM = 65536
-
-
-def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the one-pass rows tiles
-    of rows of 4096-32768 (the heuristic's, and one row over 8 warps) with their registers capped so
-    that 2-4 CTAs fit an SM. Why: Nsight Compute (BENCHMARKS.md, session 48) found the rows kernels
-    of the suite's long rows latency-bound: FP16 2048x16385 at 117 registers holds two CTAs of 8
-    warps an SM (issue slots 29 % busy, 0.48 eligible warps a scheduler, DRAM 64 % of peak), FP32
-    2048x16385's tile one CTA of 16 warps (18 % busy); a third or fourth CTA keeps more rows' loads
-    in flight, if the spills it costs stay in L1."""
-    block = row_block(N, element_size, layout)
-    if layout == GENERIC or not 4096 <= block <= 2 * ONE_PASS_MAX_BLOCK:
-        return []
-    pick = _one_row(heuristic(N, element_size, layout))
-    if pick.kernel != "rows" or pick.persistent:
-        return []
-    bases = [heuristic(N, element_size, layout), pick, replace(pick, num_warps=8)]
-    out = []
-    for base in dict.fromkeys(bases):
-        if block * base.rows // (32 * base.num_warps) > 64:
-            continue
-        threads = 32 * base.num_warps
-        for ctas in (2, 3, 4):
-            cap = REGS_PER_SM // (threads * ctas) // 8 * 8
-            if 56 <= cap <= 128:
-                out.append(replace(base, max_regs=cap))
-    return list(dict.fromkeys(out))
 
 
 def _one_row(config: Config) -> Config:
@@ -360,6 +323,11 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       the 16-bit tile held 64 values a thread in 32 registers (sm_90a: 56 bytes of spills at 32 warps,
       8 at 16). 156.8 us (3.42 TB/s) at 16 warps against 157.8 for the shipped chunked tile, 169.5
       at 32 warps: no gain, so neither the rows kernel nor the sweep keeps it;
+    - rows tiles with their registers capped (Triton's maxnreg) so that 3-4 CTAs fit an SM
+      (session 48, after Nsight Compute found these tiles latency-bound at two CTAs an SM): ptxas
+      spilled 56-352 bytes a thread and every capped tile lost (FP16 2048x16385 43.3 us at 80
+      registers against 39.4, FP16 2048x16384 42.4 against 36.0, FP32 2048x16385 149.6 against
+      76.1), so Config has no cap;
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
@@ -468,8 +436,7 @@ def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
     pieces = f",x{constexprs['SEGMENTS']}" if config.kernel == "segments" else ""
     return KernelSpec(f"rms_norm.{config.kernel}[{dtype},{layout},{config}{pieces}{'' if has_w else ',no-w'}]",
                       functools.partial(_kernel, _KERNEL_NAME[config.kernel]), signature, constexprs,
-                      num_warps=config.num_warps, num_stages=max(config.stages, 1),
-                      maxnreg=config.max_regs or None, **extra)
+                      num_warps=config.num_warps, num_stages=max(config.stages, 1), **extra)
 
 
 # The FP32 SPLIT 32769 winner (159 us, against 247 for chunked) holds 64 values per thread plus

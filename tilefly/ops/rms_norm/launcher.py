@@ -189,8 +189,6 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     options = dict(num_warps=cfg_.num_warps, num_stages=cfg_.stages, **constexprs)
     if constexprs.get("W_PDL") and x.is_cuda:  # a programmatic dependent of the copies' kernel
         options["launch_pdl"] = True
-    if cfg_.max_regs and x.is_cuda:
-        options["maxnreg"] = cfg_.max_regs
     if cfg_.kernel == "segments" and not x.is_cuda:
         # The interpreter runs programs one after another; this kernel's programs wait for each other.
         from tilefly.ops.rms_norm.concurrent_interpreter import concurrent_programs
