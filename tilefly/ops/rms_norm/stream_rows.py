@@ -14,9 +14,8 @@ Layout plan (one program serves rows pid, pid + G, pid + 2G, ...; G programs in 
     ring        STAGES slots of BOXES_PAD x 256 elements (unswizzled); a row's window is BOXES 1-D TMA
                 boxes of 256 (the last one reaches into the next row or past the tensor, zero-filled
                 there), behind one mbarrier a slot (expect-tx of BOXES boxes).
-    w           one [BOXES_PAD, 256] buffer written once by the program: w[p - ph] at window
-                position p (0 outside the row), so x and w share positions and both read as
-                16-byte runs from shared memory.
+    w           read as 16-byte runs from the shifted copies of w (kernels.py, W_SHIFT), the one
+                copy whose runs line up with this program's phase, so from L1 after the first row.
     registers   a chunk of CHUNK boxes at a time, BlockedLayout [1, 8] per thread, 32 lanes along
                 a box, warps across boxes: 8 values a thread a chunk.
     per row     wait its slot; pass 1 over the chunks: FP32 sum of squares of the positions inside
@@ -25,8 +24,8 @@ Layout plan (one program serves rows pid, pid + G, pid + 2G, ...; G programs in 
                 vectorized) and, separately, the at most 2 * (V - 1) elements of the two runs that
                 straddle the row's ends; then a CTA barrier, and the slot takes the row STAGES
                 ahead (the other slots' rows are in flight meanwhile).
-    shared      (STAGES + 1) x BOXES_PAD x 512 bytes: rows of 16385 at two stages 108 KB, two
-                programs an SM.
+    shared      STAGES x BOXES_PAD x 512 bytes: rows of 16385 at two stages and chunks of 8 boxes
+                72 KB, three programs an SM.
 """
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ def _issue_row(x_desc, xv_desc, view_rows, ring, ready, row, slot, N, BOXES: gl.
 
 
 @gluon.jit
-def rms_norm_stream_kernel(x_desc, xv_desc, view_rows, x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
+def rms_norm_stream_kernel(x_desc, xv_desc, view_rows, x_ptr, w_ptr, ws_ptr, y_ptr, rstd_ptr, M, N, eps,
                            BOXES: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr, HAS_W: gl.constexpr):
     BOX_: gl.constexpr = x_desc.block_type.shape[0]
     DTYPE: gl.constexpr = x_desc.dtype
@@ -84,7 +83,6 @@ def rms_norm_stream_kernel(x_desc, xv_desc, view_rows, x_ptr, w_ptr, y_ptr, rstd
     n_rows = (M - pid + G - 1) // G
     # chunk c of slot s at ring.index(s * CHUNKS + c); shapes past the first must be powers of two
     ring = gl.allocate_shared_memory(DTYPE, [STAGES * CHUNKS, CHUNK, BOX_], slab)
-    w_buf = gl.allocate_shared_memory(DTYPE, [CHUNKS, CHUNK, BOX_], slab)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -98,16 +96,11 @@ def rms_norm_stream_kernel(x_desc, xv_desc, view_rows, x_ptr, w_ptr, y_ptr, rstd
     pos = box_ids[:, None] * BOX_ + cols[None, :]          # window position within a chunk
     run = pos // V                                         # its 16-byte run
     ph = pid * N - pid * N // V * V                        # every row of this program starts ph in
-    for c in range(CHUNKS):
-        p = c * CHUNK * BOX_ + pos
-        inside = (p >= ph) & (p < ph + N)
-        if HAS_W:
-            wv = gl.load(w_ptr + (p - ph), mask=inside, other=0.0)
-        else:
-            wv = gl.full([CHUNK, BOX_], 1.0, DTYPE, layout)
-        w_buf.index(c).store(wv)
-    gl.thread_barrier()
-
+    # w at window position p is w[p - ph]: in the shifted copies (ws[k * NP + j] = w[k + j], kernels.py's
+    # rms_norm_shift_weight_kernel) that is copy (V - ph) % V at p - V (p at 0 for ph = 0), so a run of
+    # the row's body reads 16 aligned bytes
+    NP = (N + V - 1) // V * V
+    w_base = (V - ph) % V * NP - gl.where(ph > 0, V, 0)
     lo = (ph + V - 1) // V                                 # first run wholly inside the row
     hi = (ph + N) // V                                     # one past the last
     edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -131,9 +124,13 @@ def rms_norm_stream_kernel(x_desc, xv_desc, view_rows, x_ptr, w_ptr, y_ptr, rstd
         for c in range(CHUNKS):
             q = c * CHUNK * BOX_ // V + run
             xs = ring.index(slot * CHUNKS + c).load(layout).to(gl.float32)
-            ws = w_buf.index(c).load(layout).to(gl.float32)
-            ys = (xs * rstd * ws).to(DTYPE)
-            gl.store(y_ptr + s0 + c * CHUNK * BOX_ + pos, ys, mask=(q >= lo) & (q < hi))
+            body = (q >= lo) & (q < hi)
+            if HAS_W:
+                ws = gl.load(ws_ptr + w_base + c * CHUNK * BOX_ + pos, mask=body, other=0.0).to(gl.float32)
+                ys = (xs * rstd * ws).to(DTYPE)
+            else:
+                ys = (xs * rstd).to(DTYPE)
+            gl.store(y_ptr + s0 + c * CHUNK * BOX_ + pos, ys, mask=body)
         if HAS_W:
             we = gl.load(w_ptr + (e_pos - ph), mask=e_inside, other=0.0).to(gl.float32)
             ye = xe * rstd * we
