@@ -7,6 +7,10 @@ Triton rather than Gluon, measured: a Gluon kernel staging each row through shar
 (one CTA a row, the row's boxes behind one mbarrier per chunk, TMA stores; commit f66e032,
 BENCHMARKS.md session 19) was slower than these kernels on all 8 aligned suite shapes it served,
 0.58x-0.98x of their speed.
+A persistent Gluon kernel streaming 16-bit rows through a TMA ring (two or three programs an SM,
+each keeping its next rows' copies in flight while it normalizes the current one from shared
+memory; commits 3f71267-eb91fde, BENCHMARKS.md session 48) was slower still on all six shapes
+timed, 0.83x-0.95x of these kernels' speed at best.
 
 Row layouts (the launcher picks one per call and passes it as constexprs; V = 16 bytes
 divided by the element size, i.e. 8 for FP16/BF16 and 4 for FP32):
