@@ -9,7 +9,7 @@ BENCHMARKS.md session 19) was slower than these kernels on all 8 aligned suite s
 0.58x-0.98x of their speed.
 A persistent Gluon kernel streaming 16-bit rows through a TMA ring (two or three programs an SM,
 each keeping its next rows' copies in flight while it normalizes the current one from shared
-memory; commits 3f71267-eb91fde, BENCHMARKS.md session 48) was slower still on all six shapes
+memory; commits 3f71267-eb91fde, BENCHMARKS.md session 48) was slower too, on all six shapes
 timed, 0.83x-0.95x of these kernels' speed at best.
 
 Row layouts (the launcher picks one per call and passes it as constexprs; V = 16 bytes
