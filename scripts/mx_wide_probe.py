@@ -45,6 +45,16 @@ def suite_shapes() -> list[str]:
     return seen
 
 
+def fastest_per_shape(rows: list[dict]) -> dict[tuple, dict]:
+    """The fastest row of each (format, m, n, k), in the rows' order of shapes."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["fmt"], r["m"], r["n"], r["k"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    return best
+
+
 def render(paths: list[str]) -> str:
     runs = []
     for path in paths:
@@ -53,14 +63,14 @@ def render(paths: list[str]) -> str:
     head = "| case | " + " | ".join(f"BF16 `mm` ({r['commit']}) | BF16 route | fastest wide v3 | x BF16 `mm`"
                                      for r in runs) + " |"
     lines = [head, "|---|" + "---:|---:|---|---:|" * len(runs)]
-    for key in dict.fromkeys((r["fmt"], r["m"], r["n"], r["k"]) for r in runs[0]["rows"]):
+    fastest = [fastest_per_shape(run["rows"]) for run in runs]
+    for key in fastest[0]:
         cells = [f"{key[0].upper()} {key[1]}x{key[2]}x{key[3]}"]
-        for run in runs:
-            rows = [r for r in run["rows"] if (r["fmt"], r["m"], r["n"], r["k"]) == key]
-            if not rows:
+        for run_fastest in fastest:
+            best = run_fastest.get(key)
+            if best is None:
                 cells += ["", "", "", ""]
                 continue
-            best = min(rows, key=lambda r: r["us"])
             cells += [f"{best['bf16_mm_us']:.1f}", f"{best['upcast_us']:.1f}",
                       f"{best['us']:.1f} ({best['build']}, {best['splits']} split{'s' if best['splits'] != 1 else ''})",
                       f"{best['bf16_mm_us'] / best['us']:.2f}x"]
@@ -79,8 +89,7 @@ def compare(base_path: str, other_path: str) -> str:
     lines = [f"| case | fastest build at {base['commit']} | µs at {base['commit']} | µs at {other['commit']} | ratio |",
              "|---|---|---:|---:|---:|"]
     ratios = []
-    for key in dict.fromkeys((r["fmt"], r["m"], r["n"], r["k"]) for r in base["rows"]):
-        best = min((r for r in base["rows"] if (r["fmt"], r["m"], r["n"], r["k"]) == key), key=lambda r: r["us"])
+    for key, best in fastest_per_shape(base["rows"]).items():
         theirs = times.get((*key, best["build"]))
         if theirs is None:
             continue

@@ -141,6 +141,11 @@ class MXConfig:
         return self.block_m * self.block_n // (32 * self.num_warps)
 
 
+# Tile widths each kernel builds (None: every kernel not listed). v3 also takes 128 columns, over two
+# warpgroups (``v3_wide_configs``); the others keep 8-64, their partial or unpacked Y beside the accumulator.
+BLOCK_NS = {None: (8, 16, 32, 64), 3: (8, 16, 32, 64, 128)}
+
+
 def static_reason(cfg: MXConfig, fmt: str) -> str | None:
     if cfg.kernel not in (1, 2, 3, 4):
         return "kernel must be 1, 2, 3 or 4"
@@ -166,7 +171,7 @@ def static_reason(cfg: MXConfig, fmt: str) -> str | None:
         return "x_regs must be 0 or 1 (1: X from registers)"
     if cfg.block_m not in (64, 128):
         return "block_m must be 64 or 128 (wgmma M is 64 per warpgroup)"
-    if cfg.block_n not in (8, 16, 32, 64) and not (cfg.kernel == 3 and cfg.block_n == 128):
+    if cfg.block_n not in BLOCK_NS.get(cfg.kernel, BLOCK_NS[None]):
         return "block_n must be a power of two in 8..64 (v3: 8..128)"
     if cfg.num_warps not in (4, 8):
         return "num_warps must be 4 or 8"
