@@ -77,3 +77,34 @@ def test_ceiling_fill_takes_only_the_missing_cases_and_marks_them():
     assert [r["shape"].startswith("* ") for r in rows] == [False, True, False]
     with pytest.raises(ValueError, match="--fill"):
         ceiling.filled(held, dict(as_defined, suite="grouped_gemm"))
+
+
+def test_ceiling_of_mx_cases_counts_packed_values_and_scales_and_groups_by_format(capsys, tmp_path):
+    ceiling = _ceiling()
+
+    def case(fmt, m, bf16_us, tilefly_us):
+        return {"case": {"format": fmt, "m": m, "n": 4096, "k": 4096},
+                "providers": {"bf16_mm": {"median_us": bf16_us}, "dequant_mm": {"median_us": 3 * bf16_us},
+                              "tilefly": {"median_us": tilefly_us}}}
+
+    suite = {"suite": "mxfp_gemm", "cases": [case("mxfp8", 32, 16.0, 14.0), case("mxfp4", 32, 16.0, 12.0),
+                                             case("mxfp4", 8192, 400.0, 500.0)]}
+    rows = ceiling.bounds(suite, 5.0, 1e-6, empty_us=4.0, peak_tflops=1000.0)
+    scales = (32 + 4096) * 4096 / 32                              # one E8M0 byte per 32 values of A and B
+    out = 2 * 32 * 4096                                           # BF16 C
+    assert math.isclose(rows[0]["memory_us"], 5 + ((32 + 4096) * 4096 * 1.0 + scales + out) / 1e6)
+    assert math.isclose(rows[1]["memory_us"], 5 + ((32 + 4096) * 4096 * 0.5 + scales + out) / 1e6)
+    assert set(rows[0]["bound"]) == {"bf16_mm", "dequant_mm"}     # no aten / triton columns in the MX suite
+    assert math.isclose(rows[0]["bound"]["bf16_mm"], 16.0 / rows[0]["memory_us"])
+    assert math.isclose(rows[2]["compute_us"], 4.0 + 2.0 * 8192 * 4096 * 4096 / 1e9)
+    groups = ceiling.geomean_groups(suite, rows)
+    assert {name: len(members) for name, members in groups.items()} == {"mxfp8 ": 1, "mxfp4 ": 2}
+
+    floor = {"empty_us": {"132": 4.0}, "rows": [{"bytes": b, "read": [{"us": 5 + b / 1e6}]} for b in (1e7, 2e8)]}
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    (tmp_path / "floor.json").write_text(json.dumps(floor))
+    assert ceiling.main(["--suite", str(tmp_path / "suite.json"), "--floor", str(tmp_path / "floor.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| mxfp4 32x4096x4096 | 16.0 | 48.0 | 12.0 |" in printed
+    expected = math.sqrt(rows[1]["tilefly"]["bf16_mm"] * rows[2]["tilefly"]["bf16_mm"])
+    assert "mxfp4 geomean over bf16_mm: bound" in printed and f"tilefly {expected:.3f}x (2 cases)" in printed
