@@ -171,7 +171,9 @@ def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast
 def test_cluster_segments_compile_without_launching_then_launch_clusters_of_a_rows_pieces(monkeypatch):
     # Triton's JIT would launch lone CTAs (each passing the cluster barrier alone): the first
     # launch compiles only, then goes through the C launcher with the cluster size as num_ctas
-    calls, compiled = [], types.SimpleNamespace(function="FUNCTION", packed_metadata=(4, 1, 1000))
+    calls, loaded = [], []
+    compiled = types.SimpleNamespace(function=None, packed_metadata=(4, 1, 1000),
+                                     _init_handles=lambda: loaded.append(True))
 
     class Kernel:
         def warmup(self, *args, grid, **options):
@@ -179,6 +181,7 @@ def test_cluster_segments_compile_without_launching_then_launch_clusters_of_a_ro
             return compiled
 
     def fill(entry, compiled_, consts):
+        assert loaded, "the module must be loaded before its function is read"
         entry.compiled, entry.function, entry.meta, entry.consts = compiled_, "FUNCTION", (4, 1, 1000), consts
         entry.direct, entry.coop, entry.pdl = (lambda *args: calls.append(args)), False, False
 

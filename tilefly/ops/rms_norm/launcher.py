@@ -219,6 +219,7 @@ def _cluster_launch(entry: Entry, kernel, key, args: list, options: dict, M: int
     pieces), then launch with the cluster size in the launch metadata, which Triton's C launcher
     turns into the cluster dimension (a grid of M clusters of ``segments`` CTAs)."""
     compiled = kernel.warmup(*args, grid=(entry.grid(M),), **options)
+    compiled._init_handles()  # what a launch would do first: load the module (compiled.function)
     _fill(entry, compiled, tuple(constexprs.values()))
     num_warps, _, shared = entry.meta
     entry.meta = (num_warps, entry.segments, shared)
