@@ -281,10 +281,8 @@ def test_gradients_match_aten_for_multi_dim_and_strided_inputs(dtype, shape, n, 
 @pytest.mark.parametrize("N, cfg", [(4097, None), (65537, None), (65537, Config("segments", 8192, 1, 8)),
                                     (4097, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True)),
                                     (65536, Config("segments", 16384, 1, 4, x16=True)),
-                                    (16385, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
-                                    (65536, Config("segments", 16384, 1, 4, x16=True, cluster=True))],
-                         ids=["rows", "chunked", "segments", "rows-w-shift", "segments-x16", "rows-w-shift-pdl",
-                              "segments-cluster"])
+                                    (16385, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True))],
+                         ids=["rows", "chunked", "segments", "rows-w-shift", "segments-x16", "rows-w-shift-pdl"])
 def test_cuda_graph_capture_and_replay(N, cfg):
     static_x = rand(256, N, dtype=torch.float16)
     w = rand_weight(N, torch.float16)
@@ -365,9 +363,6 @@ LAUNCH_CASES = {
     "segments-aligned-reload": (65536, None, Config("segments", 16384, 1, 4, reload=True)),
     "segments-split-w-shift-reload": (65537, None, Config("segments", 8192, 1, 4, w_shift=True, reload=True)),
     "segments-aligned-x16": (114688, None, Config("segments", 16384, 1, 4, x16=True)),
-    "segments-aligned-cluster": (65536, None, Config("segments", 16384, 1, 4, cluster=True)),
-    "segments-split-w-shift-cluster": (16385, None, Config("segments", 8192, 1, 4, w_shift=True, cluster=True)),
-    "segments-generic-strided-cluster": (40000, 40003, Config("segments", 8192, 1, 8, cluster=True)),
     # w realigned in registers: one row a program, packed rows, 64 values a thread
     "rows-split-w-realign": (4097, None, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)),
     "rows-split-w-realign-packed": (1001, None, Config("rows", 1024, 4, 4, row_edges=True, w_realign=True)),
@@ -425,20 +420,17 @@ def test_fast_path_keeps_unaligned_pointers_off_the_aligned_kernel():
         check_op(x, [4096], w)
 
 
-@pytest.mark.parametrize("dtype, M, N, seg, reload, cluster", [(torch.bfloat16, 300, 114688, 8192, False, False),
-                                                               (torch.float32, 257, 65537, 4096, False, False),
-                                                               (torch.float16, 300, 114688, 8192, True, False),
-                                                               (torch.float32, 2000, 65536, 8192, False, True),
-                                                               (torch.float16, 3001, 16385, 8192, False, True)])
-def test_segments_kernel_on_many_rows(dtype, M, N, seg, reload, cluster):
-    # thousands of CTAs (M x pieces) waiting on each other by tickets or cluster barriers: no
-    # deadlock, every row right
+@pytest.mark.parametrize("dtype, M, N, seg, reload", [(torch.bfloat16, 300, 114688, 8192, False),
+                                                      (torch.float32, 257, 65537, 4096, False),
+                                                      (torch.float16, 300, 114688, 8192, True)])
+def test_segments_kernel_on_many_rows(dtype, M, N, seg, reload):
+    # thousands of CTAs (M x pieces) waiting on each other by tickets: no deadlock, every row right
     x = rand(M, N, dtype=dtype)
     w = rand_weight(N, dtype)
     y = torch.full_like(x, float("nan"))
     rstd = torch.full((M, 1), float("nan"), device="cuda")
     for _ in range(2):
-        launcher.launch(x, w, y, rstd, 1e-6, Config("segments", seg, 1, 8, reload=reload, cluster=cluster))
+        launcher.launch(x, w, y, rstd, 1e-6, Config("segments", seg, 1, 8, reload=reload))
     torch.cuda.synchronize()
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     torch.testing.assert_close(rstd.double(), rstd_ref, rtol=1e-5, atol=0)
@@ -464,20 +456,6 @@ def test_every_x16_segments_candidate_is_correct(dtype, N):
     y_ref, rstd_ref = reference(x, 1, w, 1e-6)
     layout = configs.row_layout(N, N, True, x.element_size())
     candidates = configs._x16_segments(N, x.element_size(), layout)
-    assert candidates
-    for cfg in candidates:
-        check_config(x, w, cfg, y_ref, rstd_ref)
-
-
-@pytest.mark.parametrize("dtype, N", [(torch.float16, 65536), (torch.float32, 114688), (torch.bfloat16, 16385),
-                                      (torch.float32, 32769)])
-def test_every_cluster_segments_candidate_is_correct(dtype, N):
-    M = 23
-    x = rand(M, N, dtype=dtype)
-    w = rand_weight(N, dtype)
-    y_ref, rstd_ref = reference(x, 1, w, 1e-6)
-    layout = configs.row_layout(N, N, True, x.element_size())
-    candidates = configs.cluster_candidates(N, x.element_size(), layout)
     assert candidates
     for cfg in candidates:
         check_config(x, w, cfg, y_ref, rstd_ref)
@@ -561,9 +539,9 @@ def test_persistent_rows_loop_over_many_tiles(dtype, N):
 @pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.bfloat16, 8193),
                                       (torch.float32, 4097)])
 def test_same_phase_rows(dtype, N):
-    """SPLIT rows tiles whose rows are V apart (the full sweep): every row written once when M is
+    """SPLIT rows tiles whose rows are V apart (sweep.py --new): every row written once when M is
     not a multiple of V * ROWS, w by shifted copies, through pdl, or realigned."""
-    x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.same_phase_candidates)
+    x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.new_candidates)
     assert candidates and all(c.same_phase for c in candidates)
     for cfg in candidates:
         check_config(x, w, cfg, *ref)

@@ -92,8 +92,8 @@ def test_segments_launches_get_a_zeroed_workspace_each_call(recorded, monkeypatc
     workspaces = []
     real = launcher._workspace
 
-    def spy(x, M, segments, cluster=False):
-        sync, partial = real(x, M, segments, cluster)
+    def spy(x, M, segments):
+        sync, partial = real(x, M, segments)
         workspaces.append((sync.clone(), partial.numel(), sync.data_ptr(), partial.data_ptr()))
         return sync, partial
 
@@ -166,42 +166,3 @@ def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast
         assert [c[4] for c in calls[3:]] == ["SHIFT", "MAIN", "SHIFT", "MAIN"]  # first run: the JIT
     finally:
         configs.heuristic.cache_clear()
-
-
-def test_cluster_segments_compile_without_launching_then_launch_clusters_of_a_rows_pieces(monkeypatch):
-    # Triton's JIT would launch lone CTAs (each passing the cluster barrier alone): the first
-    # launch compiles only, then goes through the C launcher with the cluster size as num_ctas
-    calls, loaded = [], []
-    compiled = types.SimpleNamespace(function=None, packed_metadata=(4, 1, 1000),
-                                     _init_handles=lambda: loaded.append(True))
-
-    class Kernel:
-        def warmup(self, *args, grid, **options):
-            assert grid == (5,) and options["CLUSTER"] is True and options["SEGMENTS"] == 4
-            return compiled
-
-    def fill(entry, compiled_, consts):
-        assert loaded, "the module must be loaded before its function is read"
-        entry.compiled, entry.function, entry.meta, entry.consts = compiled_, "FUNCTION", (4, 1, 1000), consts
-        entry.direct, entry.coop, entry.pdl = (lambda *args: calls.append(args)), False, False
-
-    monkeypatch.setattr(launcher, "_fill", fill)
-    monkeypatch.setattr(launcher, "_raw_stream", lambda index: "STREAM")
-    monkeypatch.setattr(launcher, "_entries", {})
-    cfg = Config("segments", 16384, 1, 4, cluster=True)
-    constexprs = configs.kernel_constexprs(cfg, 65536, 2, configs.ALIGNED, True)
-    entry = launcher.Entry()
-    entry.kernel, entry.segments, entry.cluster = "segments", 4, True
-    x, w = torch.randn(5, 65536).half(), torch.randn(65536).half()
-    y, rstd = torch.empty_like(x), torch.empty(5, 1)
-    sync, partial = launcher._workspace(x, 5, 4, cluster=True)
-    assert sync.eq(0).all() and sync.numel() == 6 and partial.numel() == 20   # on CPU the ticket path needs it
-    args = [x, w, y, rstd, 5, 65536, 65536, 1e-6, sync, partial]
-    options = dict(num_warps=4, num_stages=1, **constexprs)
-    assert launcher._cluster_launch(entry, Kernel(), "KEY", args, options, 5, constexprs) is entry
-    assert entry.grid(5) == 5 and launcher._entries == {"KEY": entry}
-    (call,) = calls
-    assert call[:HEAD] == (5, 1, 1, "STREAM", "FUNCTION", False, False, None, None, (4, 4, 1000), None, None, None)
-    assert call[HEAD:HEAD + 10] == (x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(), 5, 65536, 65536,
-                                    1e-6, sync.data_ptr(), partial.data_ptr())
-    assert call[HEAD + 10:] == tuple(constexprs.values())

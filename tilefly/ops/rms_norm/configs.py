@@ -28,7 +28,6 @@ CHUNK_STAGES = 3             # cp.async depth: 3 won 3 of those 4 (FP16 65536 to
 CHUNK_PROGRAMS_PER_SM = 2    # 2 won every chunked case, even rows of 448 KB
 SPLIT_MIN_N = 64             # below this an unaligned row is a few scalars anyway: GENERIC
 MAX_SEGMENTS = 16            # segments kernel: CTAs per row, at most (forward progress, kernels.py)
-MAX_CLUSTER = 8              # segments kernel as clusters: CTAs per row, at most (the portable cluster size)
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,6 @@ class Config:
                                # shared memory (PERSISTENT, kernels.py)
     same_phase: bool = False   # rows kernel, SPLIT rows, rows > 1: a program's rows are V apart,
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
-    cluster: bool = False      # segments kernel: each row's CTAs launched as one thread-block
-                               # cluster and synced by its barrier (CLUSTER, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -81,8 +78,6 @@ class Config:
             text += "[x16]"
         if self.same_phase:
             text += "[same-phase]"
-        if self.cluster:
-            text += "[cluster]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -192,8 +187,6 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.cluster and (config.kernel != "segments" or segments(config, N, element_size, layout) > MAX_CLUSTER):
-        raise ValueError(f"{config}: cluster is a segments-kernel launch of at most {MAX_CLUSTER} CTAs a row")
     if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
         raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
 
@@ -224,7 +217,6 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     out += tried_candidates(N, element_size, layout)
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
-                              + same_phase_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -241,13 +233,8 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the segments kernel
-    launched as clusters (``cluster_candidates``)."""
-    return cluster_candidates(N, element_size, layout)
-
-
-def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """SPLIT rows tiles of 2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: SPLIT rows tiles of
+    2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
     without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
     against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
     registers); a SPLIT tile of two consecutive rows needs two w tiles (their phases differ) and
@@ -305,24 +292,6 @@ def _x16_segments(N: int, element_size: int, layout: str) -> list[Config]:
             if 2 <= segments(cfg, N, element_size, layout) <= MAX_SEGMENTS]
 
 
-def cluster_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Segments launched as thread-block clusters, 2-8 CTAs a row, 32-64 values a thread (x16 for
-    16-bit x). Why: the polling segments kernel spends a ticket atomic before its loads, a memset
-    launch, and an arrival atomic plus polls per CTA; FP16 rows of 65536 stopped at 3.43 TB/s with
-    it where aligned rows of 16384 in one CTA reach 3.7. A cluster starts its CTAs together and
-    syncs them with one hardware barrier."""
-    if layout == GENERIC or max_body(N, element_size, layout) < ONE_PASS_MAX_BLOCK:
-        return []
-    out = []
-    for seg_bytes in (8192, 16384, 32768, 65536):
-        for warps in (2, 4, 8, 16):
-            cfg = Config("segments", seg_bytes // element_size, 1, warps, w_shift=layout == SPLIT,
-                         x16=element_size == 2, cluster=True)
-            if cfg.block // (32 * warps) in (32, 64) and 2 <= segments(cfg, N, element_size, layout) <= MAX_CLUSTER:
-                out.append(cfg)
-    return out
-
-
 def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Variants measured on the H200 (kept in the full sweep):
     - SPLIT rows with the head/tail a row at a time (row_edges, rows kernel) and with it or alone
@@ -359,6 +328,12 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       spilled 56-352 bytes a thread and every capped tile lost (FP16 2048x16385 43.3 us at 80
       registers against 39.4, FP16 2048x16384 42.4 against 36.0, FP32 2048x16385 149.6 against
       76.1), so Config has no cap;
+    - segments launched as thread-block clusters (a row's CTAs one cluster of 2-8, started
+      together: no ticket atomic, no zeroed workspace, the partials exchanged through global memory
+      across one cluster barrier; commits 5ea5261 / ea1b7d5, 296 GPU tests passed): slower on every
+      case timed (FP16 2048x65536 164.7 us at best against chunked's 157.0, FP16 2048x114688 306.2
+      against 265.2, FP32 2048x65536 301.7 against the polling segments' 295.4, FP16 2048x16385 45.4
+      against 39.1), so removed (not profiled; a cluster starts only once all its CTAs have slots);
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
@@ -426,8 +401,7 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
                 "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
-            **({"RELOAD": config.reload, "X16": config.x16, "CLUSTER": config.cluster}
-               if config.kernel == "segments" else {})}
+            **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
 def uses_w_shift(config: Config, layout: str, has_w: bool) -> bool:
@@ -460,9 +434,7 @@ def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
             must = ("LDGSTS.E.BYPASS.128", "STG.E.EF.128")
         else:
             must = ("STG.E.EF.128",)
-    if config.kernel == "segments" and config.cluster:  # the row sync: the cluster barrier
-        must += ("UCGABAR_ARV", "UCGABAR_WAIT")
-    elif config.kernel == "segments":  # the row sync: release/acquire atomics at GPU scope
+    if config.kernel == "segments":  # the row sync: release/acquire atomics at GPU scope
         must += ("ATOMG.E.ADD.STRONG.GPU", "MEMBAR.ALL.GPU")
     if must:
         extra["sass_must_contain"] = must
@@ -528,9 +500,6 @@ def compile_specs():
     # 16-bit segments that keep x as loaded (x16): TUNED's long rows, a wider variant
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True), 65536)
     add("bf16", ALIGNED, Config("segments", 32768, 1, 16, x16=True), 262144)
-    # segments launched as clusters (sweep.py --new): long aligned rows, 16-bit rows of 16385
-    add("fp16", ALIGNED, Config("segments", 16384, 1, 4, x16=True, cluster=True), 65536)
-    add("bf16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True, cluster=True), 16385)
     # the rows kernel waiting for the copies through PDL (sweep.py --new)
     add("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True), 16385)
     add("fp32", SPLIT, Config("rows", 4096, 2, 4, w_shift=True, row_edges=True, pdl=True), 4097)
@@ -660,10 +629,6 @@ def interpreter_checks():
     for dtype, M, N, cfg in (("fp16", 3, 1024, Config("segments", 256, 1, 4, x16=True)),
                              ("bf16", 3, 1001, Config("segments", 256, 1, 4, x16=True))):
         cases.append((f"{cfg.kernel}-x16[{dtype},M={M},N={N},SEG={cfg.block}]", (dtype, M, N, True, cfg)))
-    # segments as clusters (the interpreter has none: the same kernel on tickets; the GPU tests run clusters)
-    for dtype, M, N, cfg in (("fp16", 3, 1024, Config("segments", 256, 1, 4, x16=True, cluster=True)),
-                             ("fp32", 3, 1001, Config("segments", 256, 1, 4, w_shift=True, cluster=True))):
-        cases.append((f"{cfg.kernel}-cluster[{dtype},M={M},N={N},SEG={cfg.block}]", (dtype, M, N, True, cfg)))
     for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True)),
                              ("fp32", 6, 203, Config("rows", 256, 4, 4, row_edges=True, w_realign=True))):
         cases.append((f"rows-w-realign[{dtype},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))

@@ -94,6 +94,9 @@ rms_norm_segments_kernel -- long rows read from DRAM exactly once (one pass, sev
   Testing on CPU: Triton's interpreter runs programs one after another, which would deadlock
   the wait; interpreter checks run this kernel under ``concurrent_interpreter`` (one thread per
   program), which checks the protocol, not the GPU memory model.
+  Launched as thread-block clusters instead (each row's pieces one cluster, synced by the cluster
+  barrier: no ticket, no polling, no zeroed workspace), it measured slower on every case
+  (BENCHMARKS.md session 49), so the tickets stay.
 
 All kernels read rows at ``row * stride_row`` and write y contiguous (row * N), store one FP32
 rstd per row, and take M unspecialized (the launcher caches each compiled kernel under
@@ -471,14 +474,6 @@ def rms_norm_chunked_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
         row += tl.num_programs(0)
 
 
-@triton.jit
-def _cluster_barrier():
-    """Every thread of every CTA in the thread-block cluster arrives (releasing its earlier
-    writes at cluster scope) and waits for all the others (acquiring theirs)."""
-    tl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                              "\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
 # Polls of a row's arrival counter before a segments CTA gives up (~1 us each on an H200: a few
 # seconds, far beyond any legitimate wait) and writes NaN rather than hanging the GPU.
 MAX_POLLS = tl.constexpr(1 << 22)
@@ -488,13 +483,8 @@ MAX_POLLS = tl.constexpr(1 << 22)
 def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL,
                              SEG: tl.constexpr, SEGMENTS: tl.constexpr, V: tl.constexpr,
                              ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                             W_SHIFT: tl.constexpr, RELOAD: tl.constexpr, X16: tl.constexpr,
-                             CLUSTER: tl.constexpr):
-    ON_CLUSTER: tl.constexpr = CLUSTER and not _INTERPRETED  # the interpreter has no clusters: tickets
-    if ON_CLUSTER:  # a row's CTAs are one cluster, started together: no ticket needed
-        ticket = tl.program_id(0)
-    else:
-        ticket = tl.atomic_add(SYNC, 1, sem="relaxed")
+                             W_SHIFT: tl.constexpr, RELOAD: tl.constexpr, X16: tl.constexpr):
+    ticket = tl.atomic_add(SYNC, 1, sem="relaxed")
     row = ticket // SEGMENTS
     piece = ticket % SEGMENTS
     r64 = row.to(tl.int64)
@@ -512,17 +502,13 @@ def rms_norm_segments_kernel(X, W, Y, RSTD, M, N, stride_row, eps, SYNC, PARTIAL
         partial += tl.sum(xe * xe, axis=0)
     tl.store(PARTIAL + r64 * SEGMENTS + piece, partial)
 
-    if ON_CLUSTER:
-        _cluster_barrier()
-        arrived = SEGMENTS
-    else:
-        tl.debug_barrier()
-        arrived = tl.atomic_add(SYNC + 1 + row, 1, sem="acq_rel", scope="gpu") + 1
-        polls = 0
-        while (arrived < SEGMENTS) & (polls < MAX_POLLS):
-            arrived = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
-            polls += 1
-        tl.debug_barrier()
+    tl.debug_barrier()
+    arrived = tl.atomic_add(SYNC + 1 + row, 1, sem="acq_rel", scope="gpu") + 1
+    polls = 0
+    while (arrived < SEGMENTS) & (polls < MAX_POLLS):
+        arrived = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
+        polls += 1
+    tl.debug_barrier()
     sumsq = tl.load(PARTIAL + r64 * SEGMENTS, cache_modifier=".cg")
     for k in tl.static_range(1, SEGMENTS):
         sumsq += tl.load(PARTIAL + r64 * SEGMENTS + k, cache_modifier=".cg")

@@ -32,18 +32,17 @@ class Entry:
     """One compiled kernel, ready for Triton's C launcher."""
 
     __slots__ = ("compiled", "direct", "function", "meta", "coop", "pdl", "consts", "kernel",
-                 "rows_per_program", "phases", "programs", "segments", "shift", "cluster")
+                 "rows_per_program", "phases", "programs", "segments", "shift")
 
     def __init__(self):
         self.shift = None  # W_SHIFT: the Entry of the kernel writing w's shifted copies first
         self.phases = 1    # SAME_PHASE: V, each group of V * rows rows served by V tiles
-        self.cluster = False  # segments as clusters: the grid counts clusters of `segments` CTAs
 
     def grid(self, M: int) -> int:
         if self.kernel == "chunked":
             return min(M, self.programs)
         if self.kernel == "segments":
-            return M if self.cluster else M * self.segments
+            return M * self.segments
         tiles = -(-M // (self.rows_per_program * self.phases)) * self.phases
         return min(tiles, self.programs) if self.programs else tiles  # programs: a persistent rows grid
 
@@ -96,7 +95,7 @@ def launch_rows(x, w, y, rstd, M, N, stride, eps, cfg=None):
         w_ptr = w_shifted.data_ptr()
     args = (x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, stride, eps)
     if entry.segments:
-        sync, partial = _workspace(x, M, entry.segments, entry.cluster)  # freed after the launch: stream-ordered reuse
+        sync, partial = _workspace(x, M, entry.segments)  # freed after the launch: stream-ordered reuse
         args += (sync.data_ptr(), partial.data_ptr())
     _call(entry, entry.grid(M), index, args)
     return entry
@@ -131,14 +130,11 @@ def _call(entry: Entry, grid: int, index: int, args: tuple) -> None:
         entry.compiled.run(grid, 1, 1, stream, entry.function, entry.meta, None, None, None, *args, *entry.consts)
 
 
-def _workspace(x: torch.Tensor, M: int, segments: int, cluster: bool = False) -> tuple:
+def _workspace(x: torch.Tensor, M: int, segments: int) -> tuple:
     """The segments kernel's SYNC (zeroed: ticket counter, then one arrival counter per row) and
-    PARTIAL (M x segments FP32) buffers. Launched as clusters on a GPU the kernel never touches
-    SYNC, so no zeroing launch: PARTIAL's storage stands in for it."""
-    partial = torch.empty(M * segments, dtype=torch.float32, device=x.device)
-    if cluster and x.is_cuda:
-        return partial.view(torch.int32), partial
-    return torch.zeros(M + 1, dtype=torch.int32, device=x.device), partial
+    PARTIAL (M x segments FP32) buffers."""
+    return (torch.zeros(M + 1, dtype=torch.int32, device=x.device),
+            torch.empty(M * segments, dtype=torch.float32, device=x.device))
 
 
 def _shifted_weight(w: torch.Tensor, N: int, v: int) -> torch.Tensor:
@@ -187,15 +183,12 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
         entry.programs = (_device.sm_count(x) if x.is_cuda else 4) * cfg_.programs_per_sm
     else:
         kernel = kernels.rms_norm_segments_kernel
-        # The interpreter has no clusters: there the kernel takes tickets over M x SEGMENTS programs.
-        entry.segments, entry.cluster = constexprs["SEGMENTS"], cfg_.cluster and x.is_cuda
-        args += _workspace(x, M, entry.segments, entry.cluster)
+        entry.segments = constexprs["SEGMENTS"]
+        args += _workspace(x, M, entry.segments)
     launch = kernel[(entry.grid(M),)]
     options = dict(num_warps=cfg_.num_warps, num_stages=cfg_.stages, **constexprs)
     if constexprs.get("W_PDL") and x.is_cuda:  # a programmatic dependent of the copies' kernel
         options["launch_pdl"] = True
-    if entry.cluster:
-        return _cluster_launch(entry, kernel, key, args, options, M, constexprs)
     if cfg_.kernel == "segments" and not x.is_cuda:
         # The interpreter runs programs one after another; this kernel's programs wait for each other.
         from tilefly.ops.rms_norm.concurrent_interpreter import concurrent_programs
@@ -209,23 +202,6 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     if constexprs["W_SHIFT"] and entry.shift is None:  # a cached entry would skip the copies
         return None
     _fill(entry, compiled, tuple(constexprs.values()))
-    _entries[key] = entry
-    return entry
-
-
-def _cluster_launch(entry: Entry, kernel, key, args: list, options: dict, M: int, constexprs: dict) -> Entry:
-    """First launch of a segments config as clusters: compile without launching (Triton's JIT
-    would launch CTAs alone, and a lone CTA passes the cluster barrier without its row's other
-    pieces), then launch with the cluster size in the launch metadata, which Triton's C launcher
-    turns into the cluster dimension (a grid of M clusters of ``segments`` CTAs)."""
-    compiled = kernel.warmup(*args, grid=(entry.grid(M),), **options)
-    compiled._init_handles()  # what a launch would do first: load the module (compiled.function)
-    _fill(entry, compiled, tuple(constexprs.values()))
-    num_warps, _, shared = entry.meta
-    entry.meta = (num_warps, entry.segments, shared)
-    x, w, y, rstd, M, N, stride, eps, sync, partial = args
-    _call(entry, entry.grid(M), x.get_device(), (x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr(),
-                                                  M, N, stride, eps, sync.data_ptr(), partial.data_ptr()))
     _entries[key] = entry
     return entry
 
