@@ -480,11 +480,11 @@ def test_persistent_grid_is_capped_at_the_programs():
 
 # -- same_phase: SPLIT rows V apart, sharing one w tile -----------------------------------------
 
-def test_same_phase_candidates_are_rows_v_apart():
-    """The sweep offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
+def test_same_phase_rows_are_the_new_candidates():
+    """sweep.py --new offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
     without pdl) or realigned, 16-64 values a thread; nothing for other layouts or short rows."""
     for N, size in ((16385, 4), (16385, 2), (8193, 2), (4097, 4)):
-        cands = configs.same_phase_candidates(N, size, SPLIT)
+        cands = configs.new_candidates(N, size, SPLIT)
         assert cands and len(cands) == len(set(cands)) and set(cands) <= set(configs.candidates(N, size, SPLIT))
         for cfg in cands:
             configs.validate(cfg, N, size, SPLIT)
@@ -493,12 +493,12 @@ def test_same_phase_candidates_are_rows_v_apart():
             assert configs.kernel_constexprs(cfg, N, size, SPLIT, True)["SAME_PHASE"] is True
         assert {(c.w_shift, c.pdl, c.w_realign) for c in cands} == {(True, True, False), (True, False, False),
                                                                    (False, False, True)}
-    assert configs.same_phase_candidates(16384, 4, ALIGNED) == configs.same_phase_candidates(127, 2, GENERIC) == []
-    assert configs.same_phase_candidates(1001, 2, SPLIT) == []
-    cfg = configs.same_phase_candidates(16385, 4, SPLIT)[0]
+    assert configs.new_candidates(16384, 4, ALIGNED) == configs.new_candidates(127, 2, GENERIC) == []
+    assert configs.new_candidates(1001, 2, SPLIT) == []
+    cfg = configs.new_candidates(16385, 4, SPLIT)[0]
     assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
     assert configs.kernel_constexprs(configs.heuristic(16385, 2, SPLIT), 16385, 2, SPLIT, True)["SAME_PHASE"] is False
-    assert configs.heuristic(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
+    assert configs.heuristic(16385, 4, SPLIT) in configs.new_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
     for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
         with pytest.raises(ValueError, match="same_phase"):
             configs.validate(bad, 16385, 4, SPLIT)
@@ -521,21 +521,3 @@ def test_same_phase_grid_gives_every_row_one_tile_of_its_phase(M, rows, v):
         seen += [r for r in tile_rows if r < M]
     assert sorted(seen) == list(range(M))
     assert entry.grid(M) < -(-M // rows) + v  # at most one partly empty group beyond the plain grid
-
-
-def test_phase_major_candidates_are_one_row_split_tiles():
-    for N, size in ((16385, 2), (16385, 4), (8193, 2), (4097, 4)):
-        cands = configs.new_candidates(N, size, SPLIT)
-        assert cands and set(cands) <= set(configs.candidates(N, size, SPLIT))
-        for cfg in cands:
-            configs.validate(cfg, N, size, SPLIT)
-            assert cfg.kernel == "rows" and cfg.rows == 1 and cfg.phase_major and "[phase-major]" in str(cfg)
-            assert configs.kernel_constexprs(cfg, N, size, SPLIT, True)["PHASE_MAJOR"] is True
-            assert configs.kernel_constexprs(cfg, N - 1, size, ALIGNED, True)["PHASE_MAJOR"] is False
-        assert {(c.w_shift, c.pdl, c.w_realign) for c in cands} == {(True, True, False), (True, False, False),
-                                                                   (False, False, True)}
-    assert configs.new_candidates(16384, 2, ALIGNED) == configs.new_candidates(1001, 2, SPLIT) == []
-    for bad in (Config("rows", 16384, 2, 16, phase_major=True), Config("chunked", 4096, phase_major=True),
-                Config("rows", 16384, 1, 8, phase_major=True, same_phase=True)):
-        with pytest.raises(ValueError, match="phase_major"):
-            configs.validate(bad, 16385, 2, SPLIT)

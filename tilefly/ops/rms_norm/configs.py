@@ -55,8 +55,6 @@ class Config:
                                # shared memory (PERSISTENT, kernels.py)
     same_phase: bool = False   # rows kernel, SPLIT rows, rows > 1: a program's rows are V apart,
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
-    phase_major: bool = False  # rows kernel, SPLIT rows, one row a tile: the rows of one 16-byte
-                               # phase first, so the CTAs resident at once read one w copy (PHASE_MAJOR)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -80,8 +78,6 @@ class Config:
             text += "[x16]"
         if self.same_phase:
             text += "[same-phase]"
-        if self.phase_major:
-            text += "[phase-major]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -182,8 +178,6 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"{config}: persistent is a rows-kernel grid (not with pdl), stages >= 1")
     if config.same_phase and (config.kernel != "rows" or config.persistent):
         raise ValueError(f"{config}: same_phase is a rows-kernel tile order (not persistent)")
-    if config.phase_major and (config.kernel != "rows" or config.persistent or config.same_phase or config.rows != 1):
-        raise ValueError(f"{config}: phase_major is a rows-kernel tile order of one row a tile (not persistent)")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
@@ -223,7 +217,6 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     out += tried_candidates(N, element_size, layout)
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
-                              + same_phase_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -241,22 +234,7 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: SPLIT rows tiles of
-    one row in phase-major order, with w from the shifted copies (with and without pdl) or
-    realigned. Why: with consecutive rows a tile, the CTAs resident at once span all V phases and
-    so read all V shifted copies of w (16-bit rows of 16385: 8 x 32 KB, each CTA reading as many
-    bytes of w as of x), where an aligned w is one array every CTA shares; 16-bit rows of 16385
-    take 39 us with the copies against ~36 for aligned rows of 16384 with w (session 24)."""
-    if layout != SPLIT or row_block(N, element_size, layout) < 4096:
-        return []
-    pick = replace(_one_row(heuristic(N, element_size, layout)), phase_major=True, persistent=False)
-    out = [replace(pick, w_shift=True, w_realign=False, pdl=True, row_edges=True),
-           replace(pick, w_shift=True, w_realign=False, pdl=False, row_edges=True),
-           replace(pick, w_shift=False, w_realign=True, pdl=False, row_edges=True)]
-    return list(dict.fromkeys(out))
-
-
-def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """SPLIT rows tiles of 2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
+    2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
     without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
     against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
     registers); a SPLIT tile of two consecutive rows needs two w tiles (their phases differ) and
@@ -356,6 +334,11 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       case timed (FP16 2048x65536 164.7 us at best against chunked's 157.0, FP16 2048x114688 306.2
       against 265.2, FP32 2048x65536 301.7 against the polling segments' 295.4, FP16 2048x16385 45.4
       against 39.1), so removed (not profiled; a cluster starts only once all its CTAs have slots);
+    - one-row SPLIT tiles in phase-major order (tile t took row (t % Q) * V + t // Q, Q = cdiv(M, V),
+      so that the CTAs resident at once shared one 16-byte phase and read one shifted copy of w;
+      commit 96998bf, 286 GPU tests passed): slower on every case, shifted copies with or without
+      pdl or w realigned (FP16 2048x16385 44.0 us at best against 39.3, FP16 4096x8193 42.6 against
+      37.0, FP32 2048x16385 91.6 against 78.5 for the same-phase pick; first of two rounds), so removed;
     A "flat" kernel (contiguous rows as one array of 16-byte-aligned tiles, rows crossing tiles
     reduced across CTAs) was tried in the same H200 run (commit 5cd0b78) and removed: at most 2.1 TB/s
     on the 16-bit unaligned rows against 3.1-3.4 for the rows kernel, and wrong results with
@@ -422,8 +405,7 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
-                "SAME_PHASE": config.same_phase and layout == SPLIT,
-                "PHASE_MAJOR": config.phase_major and layout == SPLIT} if config.kernel == "rows" else {}),
+                "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -533,9 +515,7 @@ def compile_specs():
         for cfg in persistent_candidates(N, _ELEMENT_SIZE[dtype], layout):
             if cfg.programs_per_sm == 1:
                 add(dtype, layout, cfg, N)
-    # one row a tile in phase-major order (sweep.py --new)
-    add("fp16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, phase_major=True), 16385)
-    # rows V apart sharing one w tile (TUNED has FP32's realigned tile), the others
+    # rows V apart sharing one w tile (sweep.py --new; TUNED has FP32's realigned tile), the others
     add("fp32", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
     add("fp16", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
     add("bf16", SPLIT, Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True), 16385)
@@ -664,10 +644,6 @@ def interpreter_checks():
                              ("bf16", 19, 203, Config("rows", 256, 4, 4, row_edges=True, same_phase=True)),
                              ("fp32", 9, 203, Config("rows", 256, 2, 4, w_shift=True, row_edges=True, pdl=True, same_phase=True))):
         cases.append((f"rows-same-phase[{dtype},M={M},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
-    # phase-major rows (M not a multiple of V: the last phase's grid has masked tiles)
-    for dtype, M, N, cfg in (("fp16", 21, 1001, Config("rows", 1024, 1, 4, w_shift=True, row_edges=True, pdl=True, phase_major=True)),
-                             ("fp32", 10, 203, Config("rows", 256, 1, 4, row_edges=True, w_realign=True, phase_major=True))):
-        cases.append((f"rows-phase-major[{dtype},M={M},N={N}]", (dtype, M, N, True, cfg)))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
                   ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",

@@ -296,28 +296,22 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-                         SAME_PHASE: tl.constexpr, PHASE_MAJOR: tl.constexpr):
+                         SAME_PHASE: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, False)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, PHASE_MAJOR)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE)
 
 
 @triton.jit
-def _tile_row(tile, r, M, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.constexpr,
-              PHASE_MAJOR: tl.constexpr):
-    """Row index of the tile's r-th row (r a scalar or an arange): consecutive rows; with
-    SAME_PHASE rows V apart, tile t of group t // V taking rows t % V, t % V + V, ...; with
-    PHASE_MAJOR (one row a tile) the rows of one phase first: tile t takes row (t % Q) * V + t // Q,
-    Q = cdiv(M, V), over a grid of Q * V tiles."""
+def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.constexpr):
+    """Row index of the tile's r-th row (r a scalar or an arange): consecutive rows, or with
+    SAME_PHASE rows V apart, tile t of group t // V taking rows t % V, t % V + V, ..."""
     if SAME_PHASE:
         return (tile // V) * (V * ROWS) + tile % V + r * V
-    elif PHASE_MAJOR:
-        q = tl.cdiv(M, V)
-        return (tile % q) * V + tile // q + r
     else:
         return tile * ROWS + r
 
@@ -327,9 +321,9 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, PHASE_MAJOR: tl.constexpr):
+               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel."""
-    rows = _tile_row(tile, tl.arange(0, ROWS), M, ROWS, V, SAME_PHASE, PHASE_MAJOR)
+    rows = _tile_row(tile, tl.arange(0, ROWS), ROWS, V, SAME_PHASE)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -357,7 +351,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     sumsq = tl.sum(x * x, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, M, ROWS, V, SAME_PHASE, PHASE_MAJOR), M, N, stride_row, V)
+            e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
             xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
             sumsq += tl.where(tl.arange(0, ROWS) == r, tl.sum(xe * xe, axis=0), 0.0)
     elif SPLIT:
@@ -371,7 +365,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     y = x * rstd[:, None]
     if HAS_W:
         if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
-            s0 = tl.cast(_tile_row(tile, 0, M, ROWS, V, SAME_PHASE, False), tl.int64) * stride_row
+            s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
             c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
             w_cols = cols < (s0 + N) // V * V - (s0 + c0)
             if W_REALIGN:
@@ -393,7 +387,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            row = _tile_row(tile, r, M, ROWS, V, SAME_PHASE, PHASE_MAJOR)
+            row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
             e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
             xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)  # again: an L1 hit
             ye = xe * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)

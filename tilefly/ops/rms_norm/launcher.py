@@ -160,7 +160,7 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     constexprs = configs.kernel_constexprs(cfg_, N, size, layout, w is not None)
     entry = Entry()
     entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
-    if constexprs.get("SAME_PHASE") or constexprs.get("PHASE_MAJOR"):
+    if constexprs.get("SAME_PHASE"):
         entry.phases = constexprs["V"]
     args = [x, x if w is None else w, y, rstd, M, N, stride, eps]
     if constexprs["W_SHIFT"]:
