@@ -144,7 +144,7 @@ def test_sweep_candidates_are_valid_and_start_with_the_heuristic(N, size, layout
 
 def test_compile_specs_cover_every_tuned_config_each_dtype_layout_and_kernel():
     specs = configs.compile_specs()
-    assert 20 <= len(specs) <= 56
+    assert 20 <= len(specs) <= 60
     assert len({s.name for s in specs}) == len(specs)
     for (size, layout, _), cfg in configs.TUNED.items():
         dtype = "fp16" if size == 2 else "fp32"
@@ -480,11 +480,11 @@ def test_persistent_grid_is_capped_at_the_programs():
 
 # -- same_phase: SPLIT rows V apart, sharing one w tile -----------------------------------------
 
-def test_same_phase_rows_are_the_new_candidates():
-    """sweep.py --new offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
+def test_same_phase_candidates_are_rows_v_apart():
+    """The sweep offers SPLIT rows tiles of 2-4 rows V apart, w by shifted copies (with and
     without pdl) or realigned, 16-64 values a thread; nothing for other layouts or short rows."""
     for N, size in ((16385, 4), (16385, 2), (8193, 2), (4097, 4)):
-        cands = configs.new_candidates(N, size, SPLIT)
+        cands = configs.same_phase_candidates(N, size, SPLIT)
         assert cands and len(cands) == len(set(cands)) and set(cands) <= set(configs.candidates(N, size, SPLIT))
         for cfg in cands:
             configs.validate(cfg, N, size, SPLIT)
@@ -493,12 +493,12 @@ def test_same_phase_rows_are_the_new_candidates():
             assert configs.kernel_constexprs(cfg, N, size, SPLIT, True)["SAME_PHASE"] is True
         assert {(c.w_shift, c.pdl, c.w_realign) for c in cands} == {(True, True, False), (True, False, False),
                                                                    (False, False, True)}
-    assert configs.new_candidates(16384, 4, ALIGNED) == configs.new_candidates(127, 2, GENERIC) == []
-    assert configs.new_candidates(1001, 2, SPLIT) == []
-    cfg = configs.new_candidates(16385, 4, SPLIT)[0]
+    assert configs.same_phase_candidates(16384, 4, ALIGNED) == configs.same_phase_candidates(127, 2, GENERIC) == []
+    assert configs.same_phase_candidates(1001, 2, SPLIT) == []
+    cfg = configs.same_phase_candidates(16385, 4, SPLIT)[0]
     assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
     assert configs.kernel_constexprs(configs.heuristic(16385, 2, SPLIT), 16385, 2, SPLIT, True)["SAME_PHASE"] is False
-    assert configs.heuristic(16385, 4, SPLIT) in configs.new_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
+    assert configs.heuristic(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
     for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
         with pytest.raises(ValueError, match="same_phase"):
             configs.validate(bad, 16385, 4, SPLIT)
@@ -521,3 +521,20 @@ def test_same_phase_grid_gives_every_row_one_tile_of_its_phase(M, rows, v):
         seen += [r for r in tile_rows if r < M]
     assert sorted(seen) == list(range(M))
     assert entry.grid(M) < -(-M // rows) + v  # at most one partly empty group beyond the plain grid
+
+
+def test_hint_candidates_are_the_rows_pick_with_each_cache_hint():
+    for N, size, layout in ((16385, 2, SPLIT), (16385, 4, SPLIT), (16384, 2, ALIGNED), (4097, 4, SPLIT)):
+        pick = configs.heuristic(N, size, layout)
+        cands = configs.new_candidates(N, size, layout)
+        assert cands == [replace(pick, hint=hint) for hint in configs.HINTS]
+        assert set(cands) <= set(configs.candidates(N, size, layout))
+        for cfg in cands:
+            configs.validate(cfg, N, size, layout)
+            assert f"[{cfg.hint}]" in str(cfg)
+            assert configs.kernel_constexprs(cfg, N, size, layout, True)["HINT"] == cfg.hint
+    assert configs.new_candidates(65536, 2, ALIGNED) == []            # chunked pick: its own hints
+    assert configs.new_candidates(127, 2, GENERIC) == []
+    for bad in (Config("rows", 16384, hint="nc"), Config("chunked", 4096, hint="cg")):
+        with pytest.raises(ValueError, match="hint"):
+            configs.validate(bad, 16384, 2, ALIGNED)

@@ -369,6 +369,8 @@ LAUNCH_CASES = {
     "rows-split-w-realign-long": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)),
     "rows-split-w-realign-no-edges": (8193, None, Config("rows", 8192, 2, 16, w_realign=True)),
     # the rows kernel as a programmatic dependent of the copies' kernel
+    "rows-split-hint-cg": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, hint="cg")),
+    "rows-aligned-hint-cs": (16384, None, Config("rows", 16384, 1, 8, hint="cs")),
     "rows-split-w-shift-pdl": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
     "rows-split-w-shift-pdl-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True, pdl=True)),
 }
@@ -539,9 +541,9 @@ def test_persistent_rows_loop_over_many_tiles(dtype, N):
 @pytest.mark.parametrize("dtype, N", [(torch.float32, 16385), (torch.float16, 16385), (torch.bfloat16, 8193),
                                       (torch.float32, 4097)])
 def test_same_phase_rows(dtype, N):
-    """SPLIT rows tiles whose rows are V apart (sweep.py --new): every row written once when M is
+    """SPLIT rows tiles whose rows are V apart (the full sweep): every row written once when M is
     not a multiple of V * ROWS, w by shifted copies, through pdl, or realigned."""
-    x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.new_candidates)
+    x, w, candidates, ref = _rows_and_candidates(601, N, dtype, configs.same_phase_candidates)
     assert candidates and all(c.same_phase for c in candidates)
     for cfg in candidates:
         check_config(x, w, cfg, *ref)

@@ -28,6 +28,7 @@ CHUNK_STAGES = 3             # cp.async depth: 3 won 3 of those 4 (FP16 65536 to
 CHUNK_PROGRAMS_PER_SM = 2    # 2 won every chunked case, even rows of 448 KB
 SPLIT_MIN_N = 64             # below this an unaligned row is a few scalars anyway: GENERIC
 MAX_SEGMENTS = 16            # segments kernel: CTAs per row, at most (forward progress, kernels.py)
+HINTS = ("cg", "evict_first", "cs")  # rows kernel: cache hints on x and y (Config.hint)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Config:
                                # shared memory (PERSISTENT, kernels.py)
     same_phase: bool = False   # rows kernel, SPLIT rows, rows > 1: a program's rows are V apart,
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
+    hint: str = ""             # rows kernel: cache hint on x's loads and y's stores ("cg",
+                               # "evict_first", "cs"; HINT, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -78,6 +81,8 @@ class Config:
             text += "[x16]"
         if self.same_phase:
             text += "[same-phase]"
+        if self.hint:
+            text += f"[{self.hint}]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -178,6 +183,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"{config}: persistent is a rows-kernel grid (not with pdl), stages >= 1")
     if config.same_phase and (config.kernel != "rows" or config.persistent):
         raise ValueError(f"{config}: same_phase is a rows-kernel tile order (not persistent)")
+    if config.hint and (config.kernel != "rows" or config.hint not in HINTS):
+        raise ValueError(f"{config}: hint is one of {HINTS} for the rows kernel")
     if not (pow2(config.block) and pow2(config.rows) and pow2(config.num_warps)):
         raise ValueError(f"{config}: block, rows and num_warps must be powers of two")
     if config.kernel == "rows" and config.block < max_body(N, element_size, layout):
@@ -217,6 +224,7 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
         out.append(replace(heuristic(N, element_size, GENERIC), split=False))
     out += tried_candidates(N, element_size, layout)
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
+                              + same_phase_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -233,8 +241,18 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: SPLIT rows tiles of
-    2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the pick (a rows
+    tile) with each cache hint on x and y (``HINTS``). Why: x and y pass through once, but their
+    lines go through L1 like w's, which every row of a phase reads again (shifted copies, realigned
+    loads); a hint keeps them from pushing w out."""
+    pick = heuristic(N, element_size, layout)
+    if pick.kernel != "rows" or layout == GENERIC:
+        return []
+    return [replace(pick, hint=hint) for hint in HINTS]
+
+
+def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """SPLIT rows tiles of 2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
     without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
     against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
     registers); a SPLIT tile of two consecutive rows needs two w tiles (their phases differ) and
@@ -405,13 +423,20 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_REALIGN": config.w_realign and layout == SPLIT and has_w,
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
-                "SAME_PHASE": config.same_phase and layout == SPLIT} if config.kernel == "rows" else {}),
+                "SAME_PHASE": config.same_phase and layout == SPLIT,
+                "HINT": config.hint} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
 def uses_w_shift(config: Config, layout: str, has_w: bool) -> bool:
     """The shifted weight copies serve only SPLIT rows (elsewhere w is aligned or plain)."""
     return config.w_shift and layout == SPLIT and has_w
+
+
+# The 16-byte accesses of x and y under each cache hint: .cg loads are strong GPU-scope loads (no
+# L1), evict_first and .cs stores carry EF.
+_HINT_SASS = {"cg": ("LDG.E.128.STRONG.GPU", "STG.E.128"), "cs": ("LDG.E.128.STRONG.GPU", "STG.E.EF.128"),
+              "evict_first": ("LDG.E.EF.128", "STG.E.EF.128")}
 
 
 def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
@@ -434,7 +459,7 @@ def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
         if config.kernel == "rows" and config.persistent and config.stages > 1:
             must = ("LDGSTS.E.BYPASS.128", "STG.E.128")   # x through cp.async into shared memory
         elif config.kernel != "chunked":
-            must = ("LDG.E.128", "STG.E.128")
+            must = _HINT_SASS.get(config.hint, ("LDG.E.128", "STG.E.128"))
         elif config.stages > 1:  # pipelined: cp.async into shared memory, evict_first stores
             must = ("LDGSTS.E.BYPASS.128", "STG.E.EF.128")
         else:
@@ -515,7 +540,10 @@ def compile_specs():
         for cfg in persistent_candidates(N, _ELEMENT_SIZE[dtype], layout):
             if cfg.programs_per_sm == 1:
                 add(dtype, layout, cfg, N)
-    # rows V apart sharing one w tile (sweep.py --new; TUNED has FP32's realigned tile), the others
+    # cache hints on x and y (sweep.py --new)
+    for hint in HINTS:
+        add("fp16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], hint=hint), 16385)
+    # rows V apart sharing one w tile (TUNED has FP32's realigned tile), the others
     add("fp32", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
     add("fp16", SPLIT, Config("rows", 16384, 2, 16, w_shift=True, row_edges=True, pdl=True, same_phase=True), 16385)
     add("bf16", SPLIT, Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True), 16385)
@@ -644,6 +672,9 @@ def interpreter_checks():
                              ("bf16", 19, 203, Config("rows", 256, 4, 4, row_edges=True, same_phase=True)),
                              ("fp32", 9, 203, Config("rows", 256, 2, 4, w_shift=True, row_edges=True, pdl=True, same_phase=True))):
         cases.append((f"rows-same-phase[{dtype},M={M},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
+    for dtype, hint in (("fp16", "cg"), ("bf16", "evict_first"), ("fp32", "cs")):
+        cases.append((f"rows-hint-{hint}[{dtype},N=1001]",
+                      (dtype, 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, hint=hint))))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
                   ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",

@@ -296,14 +296,14 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-                         SAME_PHASE: tl.constexpr):
+                         SAME_PHASE: tl.constexpr, HINT: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT)
 
 
 @triton.jit
@@ -321,8 +321,13 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
-    """The rows of tile ``tile`` (``_tile_row``) in the rows kernel."""
+               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, HINT: tl.constexpr):
+    """The rows of tile ``tile`` (``_tile_row``) in the rows kernel. HINT marks x's loads and y's
+    stores, read and written once: "" none, "cg" x not cached in L1, "cs" that and y stored as
+    streaming, "evict_first" both first out of L1."""
+    X_CACHE: tl.constexpr = ".cg" if HINT == "cg" or HINT == "cs" else ""
+    Y_CACHE: tl.constexpr = ".cs" if HINT == "cs" else ""
+    EVICT: tl.constexpr = "evict_first" if HINT == "evict_first" else ""
     rows = _tile_row(tile, tl.arange(0, ROWS), ROWS, V, SAME_PHASE)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -347,7 +352,8 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
         y_start = r64 * N
 
     mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
-    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0, cache_modifier=X_CACHE,
+                eviction_policy=EVICT).to(tl.float32)
     sumsq = tl.sum(x * x, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -384,7 +390,8 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
         else:
             w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
         y = y * w.to(tl.float32)
-    tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, cache_modifier=Y_CACHE,
+             eviction_policy=EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
