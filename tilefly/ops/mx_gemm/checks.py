@@ -151,7 +151,8 @@ def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None
     """The MXFP4 build that also writes the expanded copy: its data and scale bytes are the plain build's, bit
     for bit, and its copy is ``expand_rows_ops`` of them in fold groups of the kernel's chunks (NaN-scale
     blocks' bytes aside), every output poisoned first. Every other chunk of ``up`` is scaled by 2^0 .. 2^-9
-    across its blocks, so that chunks fold and chunks keep their scales."""
+    across its blocks and the others carry one block 4x larger, so that chunks fold (changing scales) and
+    chunks keep their scales."""
     import os
 
     import torch
@@ -161,7 +162,11 @@ def check_silu_quantize_expanded(rows: int, n: int, device: str = "cpu") -> None
     seed = int.from_bytes(os.urandom(4), "little")
     gate, up = (t.to(device) for t in silu_quantize_input(rows, n, seed))
     block = torch.arange(n, device=device) // formats.BLOCK
-    spread = (block % 10) * (block // silu_quant.CHUNK_BLOCKS % 2)
+    odd_chunk = block // silu_quant.CHUNK_BLOCKS % 2
+    # odd chunks spread over 2^0 .. 2^-9 (wider than EXPAND_SPAN: kept); in even chunks block 1 is 4x the
+    # others, so that folding them changes their scales whatever the random magnitudes (else a seed whose
+    # even chunks drew one scale throughout would fold nothing visibly)
+    spread = (block % 10) * odd_chunk - 2 * ((1 - odd_chunk) * (block % silu_quant.CHUNK_BLOCKS == 1))
     up = (up.float() * torch.exp2(-spread.float())).to(up.dtype)
     spec = formats.ELEMENTS["mxfp4"]
     plain = silu_quant.silu_mul_quantize_kernel(gate, up, spec)
