@@ -244,7 +244,9 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the pick (a rows
     tile) with each cache hint on x and y (``HINTS``). Why: x and y pass through once, but their
     lines go through L1 like w's, which every row of a phase reads again (shifted copies, realigned
-    loads); a hint keeps them from pushing w out."""
+    loads); a hint keeps them from pushing w out. Measured at d6c68b7 (BENCHMARKS.md session 49):
+    only FP32 aligned rows of 32768 gained ("cs", 133.1 us against 137.9; TUNED has it); the
+    unaligned rows did not move."""
     pick = heuristic(N, element_size, layout)
     if pick.kernel != "rows" or layout == GENERIC:
         return []
