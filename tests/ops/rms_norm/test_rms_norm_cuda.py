@@ -368,9 +368,10 @@ LAUNCH_CASES = {
     "rows-split-w-realign-packed": (1001, None, Config("rows", 1024, 4, 4, row_edges=True, w_realign=True)),
     "rows-split-w-realign-long": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)),
     "rows-split-w-realign-no-edges": (8193, None, Config("rows", 8192, 2, 16, w_realign=True)),
-    # the rows kernel as a programmatic dependent of the copies' kernel
+    # cache hints on x and y
     "rows-split-hint-cg": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, hint="cg")),
     "rows-aligned-hint-cs": (16384, None, Config("rows", 16384, 1, 8, hint="cs")),
+    # the rows kernel as a programmatic dependent of the copies' kernel
     "rows-split-w-shift-pdl": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
     "rows-split-w-shift-pdl-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True, pdl=True)),
 }

@@ -254,8 +254,8 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 
 def same_phase_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """SPLIT rows tiles of 2 or 4 rows V apart (same_phase), so that the rows share one w tile (shifted copies, with or
-    without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
+    """SPLIT rows tiles of 2 or 4 rows V apart (same_phase), so that the rows share one w tile
+    (shifted copies, with or without pdl, or realigned), 16-64 values a thread. Why: FP32 rows of 16385 reach 3.3 TB/s
     against 3.9 for rows of 16384, whose winning tile holds two rows (64 values a thread, 120
     registers); a SPLIT tile of two consecutive rows needs two w tiles (their phases differ) and
     spills, so the one-row tile ran there with one 64 KB row in flight an SM. Measured at 8cc053c
