@@ -70,7 +70,7 @@ MEASURED_BEST = {
     ("fp32", 8192, 4096): Config("rows", 4096, 2, 4),
     ("fp32", 4096, 8192): Config("rows", 8192, 2, 32),
     ("fp32", 2048, 16384): Config("rows", 16384, 2, 16),
-    ("fp32", 2048, 32768): Config("rows", 32768, 1, 32),
+    ("fp32", 2048, 32768): Config("rows", 32768, 1, 32, hint="cs"),
     ("fp32", 2048, 65536): Config("segments", 8192, 1, 4),
     ("fp32", 2048, 114688): Config("segments", 8192, 1, 4),
     ("fp32", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
