@@ -80,13 +80,11 @@ def baselines(suite: dict) -> tuple[str, ...]:
     return MX_BASELINES if suite.get("suite") == "mxfp_gemm" else GEMM_BASELINES
 
 
-def geomean_groups(suite: dict, rows: list[dict]) -> dict[str, list[dict]]:
+def geomean_groups(rows: list[dict]) -> dict[str, list[dict]]:
     """Rows per geomean the issue targets: each MX format apart, every case of the other suites."""
-    if suite.get("suite") != "mxfp_gemm":
-        return {"": rows}
     groups: dict[str, list[dict]] = {}
     for row in rows:
-        groups.setdefault(row["shape"].lstrip("* ").split()[0] + " ", []).append(row)
+        groups.setdefault(row["group"], []).append(row)
     return groups
 
 
@@ -102,7 +100,8 @@ def bounds(suite: dict, fixed_us: float, us_per_byte: float, empty_us: float, pe
         memory_us = fixed_us + nbytes * us_per_byte
         compute_us = empty_us + flops / (peak_tflops * 1e6)
         floor_us = max(memory_us, compute_us)
-        rows.append(dict(shape=name, times=times, memory_us=memory_us, compute_us=compute_us,
+        group = f"{case['case']['format']} " if "format" in case["case"] else ""   # geomean prefix
+        rows.append(dict(shape=name, group=group, times=times, memory_us=memory_us, compute_us=compute_us,
                          bound={b: times[b] / floor_us for b in names},
                          tilefly={b: times[b] / times["tilefly"] for b in names}))
     return rows
@@ -157,7 +156,7 @@ def main(argv=None) -> int:
         print(f"| {r['shape']} | {' | '.join(f'{t[b]:.1f}' for b in names)} | {t['tilefly']:.1f} "
               f"| {r['memory_us']:.1f} | {r['compute_us']:.1f} | {_ratios(r['bound'], names)} "
               f"| {_ratios(r['tilefly'], names)} |")
-    for group, members in geomean_groups(suite, rows).items():
+    for group, members in geomean_groups(rows).items():
         for b in names:
             print(f"{group}geomean over {b}: bound {geomean([r['bound'][b] for r in members]):.3f}x, "
                   f"tilefly {geomean([r['tilefly'][b] for r in members]):.3f}x ({len(members)} cases)")

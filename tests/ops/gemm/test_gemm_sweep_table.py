@@ -97,7 +97,7 @@ def test_ceiling_of_mx_cases_counts_packed_values_and_scales_and_groups_by_forma
     assert set(rows[0]["bound"]) == {"bf16_mm", "dequant_mm"}     # no aten / triton columns in the MX suite
     assert math.isclose(rows[0]["bound"]["bf16_mm"], 16.0 / rows[0]["memory_us"])
     assert math.isclose(rows[2]["compute_us"], 4.0 + 2.0 * 8192 * 4096 * 4096 / 1e9)
-    groups = ceiling.geomean_groups(suite, rows)
+    groups = ceiling.geomean_groups(rows)
     assert {name: len(members) for name, members in groups.items()} == {"mxfp8 ": 1, "mxfp4 ": 2}
 
     floor = {"empty_us": {"132": 4.0}, "rows": [{"bytes": b, "read": [{"us": 5 + b / 1e6}]} for b in (1e7, 2e8)]}
