@@ -371,6 +371,13 @@ LAUNCH_CASES = {
     # cache hints on x and y
     "rows-split-hint-cg": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, hint="cg")),
     "rows-aligned-hint-cs": (16384, None, Config("rows", 16384, 1, 8, hint="cs")),
+    # the tile normalized in two pieces, 16-bit x kept as loaded (x16 raises for FP32)
+    "rows-split-pieces-x16": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True,
+                                                  pieces=2, x16=True)),
+    "rows-split-same-phase-pieces": (16385, None, Config("rows", 16384, 2, 16, row_edges=True, w_realign=True,
+                                                         same_phase=True, pieces=2)),
+    "rows-aligned-pieces-x16": (65536, None, Config("rows", 65536, 1, 32, pieces=2, x16=True, hint="cs")),
+    "rows-aligned-pieces": (4096, None, Config("rows", 4096, 2, 4, pieces=2)),
     # the rows kernel as a programmatic dependent of the copies' kernel
     "rows-split-w-shift-pdl": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
     "rows-split-w-shift-pdl-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True, pdl=True)),

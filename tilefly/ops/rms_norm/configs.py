@@ -49,8 +49,8 @@ class Config:
     pdl: bool = False          # rows kernel with w_shift: launched as a programmatic dependent of
                                # the copies' kernel, waiting for them only before reading w (W_PDL)
     reload: bool = False       # segments kernel: load the piece again after the row sync (RELOAD)
-    x16: bool = False          # segments kernel, 16-bit x: keep x as loaded across the row sync
-                               # (X16, kernels.py)
+    x16: bool = False          # segments and rows kernels, 16-bit x: keep x as loaded across the
+                               # row sync or reduction (X16, kernels.py)
     persistent: bool = False   # rows kernel: programs_per_sm programs an SM loop over the row
                                # tiles, the next tiles' loads pipelined `stages` deep through
                                # shared memory (PERSISTENT, kernels.py)
@@ -58,6 +58,8 @@ class Config:
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
     hint: str = ""             # rows kernel: cache hint on x's loads and y's stores ("cg",
                                # "evict_first", "cs"; HINT, kernels.py)
+    pieces: int = 1            # rows kernel: the tile normalized and stored in 1 or 2 column pieces,
+                               # each loading its w just before (PIECES, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -83,6 +85,8 @@ class Config:
             text += "[same-phase]"
         if self.hint:
             text += f"[{self.hint}]"
+        if self.pieces > 1:
+            text += f"[pieces={self.pieces}]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -194,8 +198,10 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
     if config.kernel == "segments" and not 2 <= segments(config, N, element_size, layout) <= MAX_SEGMENTS:
         raise ValueError(f"{config}: rows of N={N} would take {segments(config, N, element_size, layout)} "
                          f"segments, outside 2..{MAX_SEGMENTS}")
-    if config.x16 and (element_size != 2 or config.kernel != "segments" or config.reload):
-        raise ValueError(f"{config}: x16 is for 16-bit x in the segments kernel (without reload)")
+    if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
+        raise ValueError(f"{config}: x16 is for 16-bit x in the rows and segments kernels (without reload)")
+    if config.pieces not in (1, 2) or (config.pieces > 1 and config.kernel != "rows"):
+        raise ValueError(f"{config}: pieces is 1 or 2, and 2 only for the rows kernel")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -225,6 +231,7 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
     out += tried_candidates(N, element_size, layout)
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
                               + same_phase_candidates(N, element_size, layout)
+                              + hint_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -241,12 +248,38 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: the pick (a rows
-    tile) with each cache hint on x and y (``HINTS``). Why: x and y pass through once, but their
-    lines go through L1 like w's, which every row of a phase reads again (shifted copies, realigned
-    loads); a hint keeps them from pushing w out. Measured at d6c68b7 (BENCHMARKS.md session 49):
-    only FP32 aligned rows of 32768 gained ("cs", 133.1 us against 137.9; TUNED has it); the
-    unaligned rows did not move."""
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: rows tiles that
+    normalize and store their row in two column pieces (pieces=2), each piece's w loaded only after
+    the previous piece's stores, and 16-bit x kept as loaded across the row reduction (x16); on the
+    pick and its siblings over more warps, and for 16-bit aligned rows of 65536 (a chunked pick)
+    one rows tile of 16 or 32 warps. Why: Nsight Compute found the rows tiles latency-bound at one
+    or two CTAs an SM (session 48), and w's tile is half of what a thread holds: in pieces, its
+    registers are a piece's. sm_90a (CPU compile): FP32 rows[16384,2,w=16] realigned and same-phase
+    goes from 128 registers and 16 bytes of spills to 125 and none, rows[16384,1,w=16] realigned
+    from 106 to 88; the 16-bit tiles do not shrink (FP16 rows[16384,1,w=8] with copies 117, 127 in
+    pieces, 97 with x16), and the 16-bit rows of 65536 still spill at 32 warps."""
+    pick = heuristic(N, element_size, layout)
+    block = row_block(N, element_size, layout)
+    if layout == GENERIC:
+        return []
+    if pick.kernel == "rows":
+        bases = [replace(pick, num_warps=warps) for warps in (8, 16, 32)
+                 if warps >= pick.num_warps and pick.rows * block // (32 * warps) >= 16]
+    elif element_size == 2 and layout == ALIGNED and block == 65536:
+        bases = [Config("rows", block, 1, warps, hint="cs") for warps in (16, 32)]
+    else:
+        return []
+    out = [replace(base, pieces=pieces, x16=x16) for base in bases for pieces in (1, 2)
+           for x16 in ((False, True) if element_size == 2 else (False,))]
+    return [cfg for cfg in dict.fromkeys(out) if cfg != pick]
+
+
+def hint_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """The rows pick with each cache hint on x and y (``HINTS``). Why: x and y pass through once,
+    but their lines go through L1 like w's, which every row of a phase reads again (shifted copies,
+    realigned loads); a hint keeps them from pushing w out. Measured at d6c68b7 (BENCHMARKS.md
+    session 49): only FP32 aligned rows of 32768 gained ("cs", 133.1 us against 137.9; TUNED has
+    it); the unaligned rows did not move."""
     pick = heuristic(N, element_size, layout)
     if pick.kernel != "rows" or layout == GENERIC:
         return []
@@ -426,7 +459,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "W_PDL": config.pdl and uses_w_shift(config, layout, has_w),
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
                 "SAME_PHASE": config.same_phase and layout == SPLIT,
-                "HINT": config.hint} if config.kernel == "rows" else {}),
+                "HINT": config.hint, "PIECES": config.pieces,
+                "X16": config.x16 and element_size == 2} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -677,6 +711,19 @@ def interpreter_checks():
     for dtype, hint in (("fp16", "cg"), ("bf16", "evict_first"), ("fp32", "cs")):
         cases.append((f"rows-hint-{hint}[{dtype},N=1001]",
                       (dtype, 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, hint=hint))))
+    # the tile normalized in two pieces (each w kind; a second piece partly or wholly past the
+    # body), and 16-bit x kept as loaded (x16)
+    for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True,
+                                                      pieces=2, x16=True)),
+                             ("fp32", 13, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True,
+                                                       same_phase=True, pieces=2)),
+                             ("bf16", 7, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_realign=True, pieces=2)),
+                             ("fp16", 5, 203, Config("rows", 512, 2, 4, row_edges=True, pieces=2)),
+                             ("bf16", 6, 256, Config("rows", 256, 2, 4, pieces=2, x16=True, hint="cs")),
+                             ("fp32", 5, 200, Config("rows", 512, 1, 4, pieces=2))):
+        cases.append((f"rows-pieces{'-x16' * cfg.x16}[{dtype},M={M},N={N},BLOCK_N={cfg.block}]",
+                      (dtype, M, N, True, cfg)))
+    cases.append(("rows-x16[bf16,N=1001,no-w]", ("bf16", 4, 1001, False, Config("rows", 1024, 1, 4, x16=True))))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
                   ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",
@@ -693,7 +740,9 @@ def interpreter_checks():
         cases.append((f"rows-persistent[{dtype},M={M},N={N},ROWS={cfg.rows}]", (dtype, M, N, True, cfg)))
     for kernel, cfg in (("rows", None), ("chunked", chunked(256)), ("segments", Config("segments", 256, 1, 4)),
                         ("rows-w-shift", Config("rows", 1024, 2, 4, w_shift=True, row_edges=True)),
-                        ("rows-persistent", persistent(Config("rows", 1024, 1, 4, row_edges=True)))):
+                        ("rows-persistent", persistent(Config("rows", 1024, 1, 4, row_edges=True))),
+                        ("rows-pieces-x16", Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pieces=2,
+                                                   x16=True))):
         cases.append((f"nan-inf-{kernel}[bf16,N=1001,eps=0]", ("bf16", 4, 1001, True, cfg, None, 0.0, True)))
     checks = [(name, functools.partial(_interpreter_case, *args)) for name, args in cases]
     op_cases = [

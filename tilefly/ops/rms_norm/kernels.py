@@ -300,14 +300,14 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-                         SAME_PHASE: tl.constexpr, HINT: tl.constexpr):
+                         SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr, X16: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT, PIECES, X16)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT, PIECES, X16)
 
 
 @triton.jit
@@ -321,21 +321,67 @@ def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.const
 
 
 @triton.jit
+def _body_piece(X, body_start, cols, body_len, row_ok, X_CACHE: tl.constexpr, EVICT: tl.constexpr):
+    """Columns ``cols`` of the tile's row bodies, as loaded, and their mask."""
+    mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
+    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0, cache_modifier=X_CACHE,
+                eviction_policy=EVICT)
+    return x, mask
+
+
+@triton.jit
+def _normalize_piece(W, Y, x, mask, rstd, cols, tile, s, body_start, y_start, n_cols, N, stride_row,
+                     PIECE_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr,
+                     HAS_W: tl.constexpr, W_SHIFT: tl.constexpr, W_REALIGN: tl.constexpr, W_PDL: tl.constexpr,
+                     SAME_PHASE: tl.constexpr, X16: tl.constexpr, Y_CACHE: tl.constexpr, EVICT: tl.constexpr):
+    """y = x * rstd * w on columns ``cols`` of the tile's row bodies, stored. w is loaded here, so
+    its registers live only while this piece is written."""
+    y = keep_16_bit(x, X16).to(tl.float32) * rstd[:, None]
+    if HAS_W:
+        if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
+            s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
+            c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
+            w_cols = cols < (s0 + N) // V * V - (s0 + c0)
+            if W_REALIGN:
+                w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, PIECE_N, V)
+            else:
+                if W_PDL and not _INTERPRETED:
+                    gdc_wait()
+                w = tl.load(W + _body_w_offset(c0, N, V, W_SHIFT) + cols, mask=w_cols, other=0.0)[None, :]
+        elif SPLIT and W_REALIGN:
+            w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, PIECE_N, V)
+        elif SPLIT:
+            if W_PDL and not _INTERPRETED:  # the copies' kernel ran alongside x's loads: wait for it now
+                gdc_wait()
+            w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT)[:, None] + cols[None, :],
+                        mask=mask, other=0.0)
+        else:
+            w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
+        y = y * w.to(tl.float32)
+    tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, cache_modifier=Y_CACHE,
+             eviction_policy=EVICT)
+
+
+@triton.jit
 def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
-               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, HINT: tl.constexpr):
+               W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr,
+               X16: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel. HINT marks x's loads and y's
     stores, read and written once: "" none, "cg" x not cached in L1, "cs" that and y stored as
-    streaming, "evict_first" both first out of L1."""
+    streaming, "evict_first" both first out of L1. PIECES (1 or 2): the body tile as that many
+    column pieces, all loaded first, then normalized and stored piece by piece (PIECES in the
+    header). X16: 16-bit x kept as loaded across the row reduction (keep_16_bit)."""
     X_CACHE: tl.constexpr = ".cg" if HINT == "cg" or HINT == "cs" else ""
     Y_CACHE: tl.constexpr = ".cs" if HINT == "cs" else ""
     EVICT: tl.constexpr = "evict_first" if HINT == "evict_first" else ""
+    PIECE_N: tl.constexpr = BLOCK_N // PIECES
     rows = _tile_row(tile, tl.arange(0, ROWS), ROWS, V, SAME_PHASE)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, PIECE_N)
     if ALIGNED:
         n_cols = N // V * V
         s = r64 * (stride_row // V * V)
@@ -355,10 +401,14 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
         body_len = s * 0 + N
         y_start = r64 * N
 
-    mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
-    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0, cache_modifier=X_CACHE,
-                eviction_policy=EVICT).to(tl.float32)
-    sumsq = tl.sum(x * x, axis=1)
+    x, mask = _body_piece(X, body_start, cols, body_len, row_ok, X_CACHE, EVICT)
+    xf = x.to(tl.float32)
+    sq = xf * xf
+    if PIECES == 2:  # the row's second half, loaded with the first
+        x2, mask2 = _body_piece(X, body_start, cols + PIECE_N, body_len, row_ok, X_CACHE, EVICT)
+        x2f = x2.to(tl.float32)
+        sq += x2f * x2f
+    sumsq = tl.sum(sq, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
@@ -372,30 +422,12 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     rstd = tl.math.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
-    y = x * rstd[:, None]
-    if HAS_W:
-        if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
-            s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
-            c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
-            w_cols = cols < (s0 + N) // V * V - (s0 + c0)
-            if W_REALIGN:
-                w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, BLOCK_N, V)
-            else:
-                if W_PDL and not _INTERPRETED:
-                    gdc_wait()
-                w = tl.load(W + _body_w_offset(c0, N, V, W_SHIFT) + cols, mask=w_cols, other=0.0)[None, :]
-        elif SPLIT and W_REALIGN:
-            w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, BLOCK_N, V)
-        elif SPLIT:
-            if W_PDL and not _INTERPRETED:  # the copies' kernel ran alongside x's loads: wait for it now
-                gdc_wait()
-            w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT)[:, None] + cols[None, :],
-                        mask=mask, other=0.0)
-        else:
-            w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
-        y = y * w.to(tl.float32)
-    tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, cache_modifier=Y_CACHE,
-             eviction_policy=EVICT)
+    _normalize_piece(W, Y, x, mask, rstd, cols, tile, s, body_start, y_start, n_cols, N, stride_row, PIECE_N, ROWS,
+                     V, SPLIT, HAS_W, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE, X16, Y_CACHE, EVICT)
+    if PIECES == 2:  # its w is loaded after the first half's stores: they hold its registers till then
+        _normalize_piece(W, Y, x2, mask2, rstd, cols + PIECE_N, tile, s, body_start, y_start, n_cols, N,
+                         stride_row, PIECE_N, ROWS, V, SPLIT, HAS_W, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE, X16,
+                         Y_CACHE, EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
