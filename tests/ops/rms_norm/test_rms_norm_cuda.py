@@ -378,6 +378,10 @@ LAUNCH_CASES = {
                                                          same_phase=True, pieces=2)),
     "rows-aligned-pieces-x16": (65536, None, Config("rows", 65536, 1, 32, pieces=2, x16=True, hint="cs")),
     "rows-aligned-pieces": (4096, None, Config("rows", 4096, 2, 4, pieces=2)),
+    "rows-split-w-realign-4-pieces-x16": (16385, None, Config("rows", 16384, 1, 16, row_edges=True, w_realign=True,
+                                                              pieces=4, x16=True)),
+    "rows-split-same-phase-4-pieces": (16385, None, Config("rows", 16384, 2, 32, row_edges=True, w_realign=True,
+                                                           same_phase=True, pieces=4)),
     # the rows kernel as a programmatic dependent of the copies' kernel
     "rows-split-w-shift-pdl": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
     "rows-split-w-shift-pdl-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True, pdl=True)),

@@ -58,7 +58,7 @@ class Config:
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
     hint: str = ""             # rows kernel: cache hint on x's loads and y's stores ("cg",
                                # "evict_first", "cs"; HINT, kernels.py)
-    pieces: int = 1            # rows kernel: the tile normalized and stored in 1 or 2 column pieces,
+    pieces: int = 1            # rows kernel: the tile normalized and stored in 1, 2 or 4 column pieces,
                                # each loading its w just before (PIECES, kernels.py)
 
     def __str__(self) -> str:
@@ -200,8 +200,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
                          f"segments, outside 2..{MAX_SEGMENTS}")
     if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
         raise ValueError(f"{config}: x16 is for 16-bit x in the rows and segments kernels (without reload)")
-    if config.pieces not in (1, 2) or (config.pieces > 1 and config.kernel != "rows"):
-        raise ValueError(f"{config}: pieces is 1 or 2, and 2 only for the rows kernel")
+    if config.pieces not in (1, 2, 4) or (config.pieces > 1 and config.kernel != "rows"):
+        raise ValueError(f"{config}: pieces is 1, 2 or 4, and more than 1 only for the rows kernel")
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -249,27 +249,32 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: rows tiles that
-    normalize and store their row in two column pieces (pieces=2), each piece's w loaded only after
-    the previous piece's stores, and 16-bit x kept as loaded across the row reduction (x16); on the
-    pick and its siblings over more warps, and for 16-bit aligned rows of 65536 (a chunked pick)
-    one rows tile of 16 or 32 warps. Why: Nsight Compute found the rows tiles latency-bound at one
-    or two CTAs an SM (session 48), and w's tile is half of what a thread holds: in pieces, its
-    registers are a piece's. sm_90a (CPU compile): FP32 rows[16384,2,w=16] realigned and same-phase
-    goes from 128 registers and 16 bytes of spills to 125 and none, rows[16384,1,w=16] realigned
-    from 106 to 88; the 16-bit tiles do not shrink (FP16 rows[16384,1,w=8] with copies 117, 127 in
-    pieces, 97 with x16), and the 16-bit rows of 65536 still spill at 32 warps."""
+    normalize and store their row in 2 or 4 column pieces (pieces), each piece's w loaded only
+    after the previous piece's stores, with and without 16-bit x kept as loaded across the row
+    reduction (x16); on the pick and its siblings over more warps, for 16-bit SPLIT rows also with
+    w realigned in registers instead of the shifted copies, and for 16-bit aligned rows of 65536 (a
+    chunked pick) one rows tile of 16 or 32 warps. Why: Nsight Compute found the rows tiles
+    latency-bound at one or two CTAs an SM (session 48), and w's tile is half of what a thread
+    holds: in pieces, its registers are a piece's (sm_90a, CPU compile: FP16 rows[16384,1,w=16]
+    realigned takes 88 registers, 63 in four pieces with x16, so two CTAs fit an SM). First run
+    (c478c07, pieces of 2): FP16 2048x65536 139.4 us in one 16-warp tile against 159.5 chunked,
+    FP16 2048x16384 34.8 against 36.2, FP32 2048x16385 73.9 against 76.6; 16-bit 2048x16385 did
+    not move (39.2-39.8 against 39.5)."""
     pick = heuristic(N, element_size, layout)
     block = row_block(N, element_size, layout)
     if layout == GENERIC:
         return []
     if pick.kernel == "rows":
-        bases = [replace(pick, num_warps=warps) for warps in (8, 16, 32)
+        bases = [replace(pick, num_warps=warps) for warps in sorted({pick.num_warps, 8, 16, 32})
                  if warps >= pick.num_warps and pick.rows * block // (32 * warps) >= 16]
+        if layout == SPLIT and element_size == 2 and pick.w_shift:
+            bases += [replace(base, w_shift=False, pdl=False, w_realign=True) for base in bases
+                      if base.num_warps <= 16]
     elif element_size == 2 and layout == ALIGNED and block == 65536:
         bases = [Config("rows", block, 1, warps, hint="cs") for warps in (16, 32)]
     else:
         return []
-    out = [replace(base, pieces=pieces, x16=x16) for base in bases for pieces in (1, 2)
+    out = [replace(base, pieces=pieces, x16=x16) for base in bases for pieces in (1, 2, 4)
            for x16 in ((False, True) if element_size == 2 else (False,))]
     return [cfg for cfg in dict.fromkeys(out) if cfg != pick]
 
@@ -720,8 +725,13 @@ def interpreter_checks():
                              ("bf16", 7, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_realign=True, pieces=2)),
                              ("fp16", 5, 203, Config("rows", 512, 2, 4, row_edges=True, pieces=2)),
                              ("bf16", 6, 256, Config("rows", 256, 2, 4, pieces=2, x16=True, hint="cs")),
-                             ("fp32", 5, 200, Config("rows", 512, 1, 4, pieces=2))):
-        cases.append((f"rows-pieces{'-x16' * cfg.x16}[{dtype},M={M},N={N},BLOCK_N={cfg.block}]",
+                             ("fp32", 5, 200, Config("rows", 512, 1, 4, pieces=2)),
+                             ("fp16", 7, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_realign=True, pieces=4,
+                                                      x16=True)),
+                             ("fp32", 11, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True,
+                                                       same_phase=True, pieces=4)),
+                             ("bf16", 5, 300, Config("rows", 512, 1, 4, w_shift=True, pieces=4))):
+        cases.append((f"rows-pieces{'-x16' * cfg.x16}[{dtype},M={M},N={N},BLOCK_N={cfg.block},{cfg.pieces}]",
                       (dtype, M, N, True, cfg)))
     cases.append(("rows-x16[bf16,N=1001,no-w]", ("bf16", 4, 1001, False, Config("rows", 1024, 1, 4, x16=True))))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",

@@ -321,15 +321,6 @@ def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.const
 
 
 @triton.jit
-def _body_piece(X, body_start, cols, body_len, row_ok, X_CACHE: tl.constexpr, EVICT: tl.constexpr):
-    """Columns ``cols`` of the tile's row bodies, as loaded, and their mask."""
-    mask = row_ok[:, None] & (cols[None, :] < body_len[:, None])
-    x = tl.load(X + body_start[:, None] + cols[None, :], mask=mask, other=0.0, cache_modifier=X_CACHE,
-                eviction_policy=EVICT)
-    return x, mask
-
-
-@triton.jit
 def _normalize_piece(W, Y, x, mask, rstd, cols, tile, s, body_start, y_start, n_cols, N, stride_row,
                      PIECE_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr,
                      HAS_W: tl.constexpr, W_SHIFT: tl.constexpr, W_REALIGN: tl.constexpr, W_PDL: tl.constexpr,
@@ -371,7 +362,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                X16: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel. HINT marks x's loads and y's
     stores, read and written once: "" none, "cg" x not cached in L1, "cs" that and y stored as
-    streaming, "evict_first" both first out of L1. PIECES (1 or 2): the body tile as that many
+    streaming, "evict_first" both first out of L1. PIECES (1, 2 or 4): the body tile as that many
     column pieces, all loaded first, then normalized and stored piece by piece (PIECES in the
     header). X16: 16-bit x kept as loaded across the row reduction (keep_16_bit)."""
     X_CACHE: tl.constexpr = ".cg" if HINT == "cg" or HINT == "cs" else ""
@@ -401,13 +392,17 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
         body_len = s * 0 + N
         y_start = r64 * N
 
-    x, mask = _body_piece(X, body_start, cols, body_len, row_ok, X_CACHE, EVICT)
-    xf = x.to(tl.float32)
-    sq = xf * xf
-    if PIECES == 2:  # the row's second half, loaded with the first
-        x2, mask2 = _body_piece(X, body_start, cols + PIECE_N, body_len, row_ok, X_CACHE, EVICT)
-        x2f = x2.to(tl.float32)
-        sq += x2f * x2f
+    xs = ()  # the pieces as loaded, all in flight together
+    for p in tl.static_range(PIECES):
+        x = tl.load(X + body_start[:, None] + (cols + p * PIECE_N)[None, :],
+                    mask=row_ok[:, None] & ((cols + p * PIECE_N)[None, :] < body_len[:, None]), other=0.0,
+                    cache_modifier=X_CACHE, eviction_policy=EVICT)
+        xs = xs + (x,)
+        xf = x.to(tl.float32)
+        if p == 0:
+            sq = xf * xf
+        else:
+            sq += xf * xf
     sumsq = tl.sum(sq, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -422,12 +417,11 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     rstd = tl.math.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
-    _normalize_piece(W, Y, x, mask, rstd, cols, tile, s, body_start, y_start, n_cols, N, stride_row, PIECE_N, ROWS,
-                     V, SPLIT, HAS_W, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE, X16, Y_CACHE, EVICT)
-    if PIECES == 2:  # its w is loaded after the first half's stores: they hold its registers till then
-        _normalize_piece(W, Y, x2, mask2, rstd, cols + PIECE_N, tile, s, body_start, y_start, n_cols, N,
-                         stride_row, PIECE_N, ROWS, V, SPLIT, HAS_W, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE, X16,
-                         Y_CACHE, EVICT)
+    for p in tl.static_range(PIECES):  # each piece's w is loaded after the previous piece's stores
+        piece_cols = cols + p * PIECE_N
+        _normalize_piece(W, Y, xs[p], row_ok[:, None] & (piece_cols[None, :] < body_len[:, None]), rstd, piece_cols,
+                         tile, s, body_start, y_start, n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, HAS_W, W_SHIFT,
+                         W_REALIGN, W_PDL, SAME_PHASE, X16, Y_CACHE, EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
