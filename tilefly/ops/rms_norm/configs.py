@@ -130,18 +130,24 @@ def row_block(N: int, element_size: int, layout: str) -> int:
 # (element size, layout, power-of-two row body) -> Config. The comment is the case it won and
 # its time; "=" marks a tie with the heuristic within the sweep's +-2% noise. FP16 and BF16 share
 # entries; where their sweeps disagreed (only (2, aligned, 4096): 37.9 vs 37.8 us, noise) the
-# pick keeps 16 values per thread, the per-thread load the LLM-shape sweep validated.
+# pick keeps 16 values per thread, the per-thread load the LLM-shape sweep validated. Entries in
+# pieces (and FP16 rows of 65536 as one rows tile) won `sweep.py --new` over every rows pick of the
+# suite at 0ccd669 (pieces_candidates; gains under ~1 % left out).
 TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 4096): Config("rows", 4096, 2, 16),                 # bf16 8192x4096    37.8 us
-    (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),                  # fp16 4096x8192    38.2 =
-    (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),                # fp16 2048x16384   39.0, bf16 38.6
-    (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),      # fp16 2048x65536  160.5
+    (2, ALIGNED, 8192): Config("rows", 8192, 2, 16, x16=True, pieces=2),  # fp16 4096x8192 34.6 (36.1 before
+                                                                     # pieces: rows[8192,2,w=8])
+    (2, ALIGNED, 16384): Config("rows", 16384, 1, 8, pieces=4),      # fp16 2048x16384 35.2, bf16 34.4 (36.4 /
+                                                                     # 35.6 in one piece)
+    (2, ALIGNED, 65536): Config("rows", 65536, 1, 16, x16=True, hint="cs", pieces=2),  # fp16 2048x65536
+                                                                     # 140.0 (chunked 161.1)
     (2, ALIGNED, 131072): Config("segments", 16384, 1, 4, x16=True), # fp16 2048x114688 267.0 (chunked 300.6)
-    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),    # fp16 8192x4097    37.1, bf16 37.8 (plain 39.5)
+    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),  # fp16 8192x4097 36.7,
+                                                                     # bf16 37.3 (one piece 37.2 / 37.9)
     (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),  # fp16 4096x8193
                                                                      # 37.2 (no pdl 39.0, plain 42.9)
-    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),  # fp16 2048x16385
-                                                                     # 39.3, bf16 39.4 (no pdl 41.3, chunked 52.1)
+    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),  # fp16 2048x16385
+                                                                     # 38.5, bf16 39.0 (copies 39.2 / 39.5)
     (4, ALIGNED, 4096): Config("rows", 4096, 2, 4),                  # fp32 8192x4096    70.3 =
     (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
     (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
@@ -150,10 +156,11 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (4, ALIGNED, 131072): Config("segments", 8192, 1, 4),            # fp32 2048x114688 523.7 (chunked 649.2)
     (4, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),    # fp32 8192x4097    67.0 =
     (4, SPLIT, 8192): Config("rows", 8192, 1, 8, row_edges=True),    # fp32 4096x8193    68.4 =
-    (4, SPLIT, 16384): Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True),
-                                                                     # fp32 2048x16385 76.6 / 76.1 (one row
-                                                                     # a tile 81.0 / 80.3; chunked 84.1)
-    (4, SPLIT, 32768): Config("rows", 32768, 1, 16),                 # fp32 2048x32769  159.2
+    (4, SPLIT, 16384): Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, pieces=4),
+                                                                     # fp32 2048x16385 73.6 (16 warps, one
+                                                                     # piece 78.9; one row a tile 81.0)
+    (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4),       # fp32 2048x32769  143.2 (16 warps, one
+                                                                     # piece 151.6)
 }
 
 
@@ -200,8 +207,18 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
                          f"segments, outside 2..{MAX_SEGMENTS}")
     if config.x16 and (element_size != 2 or config.kernel == "chunked" or config.reload):
         raise ValueError(f"{config}: x16 is for 16-bit x in the rows and segments kernels (without reload)")
-    if config.pieces not in (1, 2, 4) or (config.pieces > 1 and config.kernel != "rows"):
-        raise ValueError(f"{config}: pieces is 1, 2 or 4, and more than 1 only for the rows kernel")
+    if config.pieces not in (1, 2, 4, 8) or (config.pieces > 1 and config.kernel != "rows"):
+        raise ValueError(f"{config}: pieces is 1, 2, 4 or 8, and more than 1 only for the rows kernel")
+    if config.pieces > 1 and not _fits(config, element_size):
+        # a piece must give every thread a whole 16-byte run: with less, Triton's layout holds
+        # fewer values a thread, and W_REALIGN's shift (V values an instance) mixes two runs
+        raise ValueError(f"{config}: pieces of {config.block // config.pieces} columns leave threads without "
+                         f"a 16-byte run")
+
+
+def _fits(config: Config, element_size: int) -> bool:
+    """Each piece of the tile gives every thread at least one 16-byte run (validate)."""
+    return config.rows * config.block // config.pieces >= 32 * config.num_warps * vec(element_size)
 
 
 def candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -232,6 +249,7 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
     return list(dict.fromkeys(out + persistent_candidates(N, element_size, layout)
                               + same_phase_candidates(N, element_size, layout)
                               + hint_candidates(N, element_size, layout)
+                              + pieces_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -247,9 +265,8 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
     return (config.stages - 1) * tile * (config.rows + w_tiles)
 
 
-def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: rows tiles that
-    normalize and store their row in 2 or 4 column pieces (pieces), each piece's w loaded only
+def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """Rows tiles that normalize and store their row in 2 or 4 column pieces (pieces), each piece's w loaded only
     after the previous piece's stores, with and without 16-bit x kept as loaded across the row
     reduction (x16); on the pick and its siblings over more warps, for 16-bit SPLIT rows also with
     w realigned in registers instead of the shifted copies, and for 16-bit aligned rows of 65536 (a
@@ -259,7 +276,10 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     realigned takes 88 registers, 63 in four pieces with x16, so two CTAs fit an SM). First run
     (c478c07, pieces of 2): FP16 2048x65536 139.4 us in one 16-warp tile against 159.5 chunked,
     FP16 2048x16384 34.8 against 36.2, FP32 2048x16385 73.9 against 76.6; 16-bit 2048x16385 did
-    not move (39.2-39.8 against 39.5)."""
+    not move (39.2-39.8 against 39.5). Second run, every rmsnorm case (0ccd669, pieces of 2 and 4;
+    BENCHMARKS.md session 50): TUNED took the winners that gained beyond the sweep's noise, among
+    them FP16 2048x16385 with w realigned in four pieces (38.5 us against 39.2 for the copies) and
+    FP32 2048x16385 as two same-phase rows over 32 warps in four pieces (73.6 against 78.9)."""
     pick = heuristic(N, element_size, layout)
     block = row_block(N, element_size, layout)
     if layout == GENERIC:
@@ -276,7 +296,25 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
         return []
     out = [replace(base, pieces=pieces, x16=x16) for base in bases for pieces in (1, 2, 4)
            for x16 in ((False, True) if element_size == 2 else (False,))]
-    return [cfg for cfg in dict.fromkeys(out) if cfg != pick]
+    return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
+
+
+def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: for 16-bit SPLIT
+    rows of 16385 (the last suite cases under 3.5 TB/s), the realigned tile in 4 or 8 pieces with
+    and without x16 and under each cache hint; two same-phase rows over 16 warps, realigned, in 4 or
+    8 pieces; the shifted copies in 8 pieces."""
+    if element_size != 2 or layout != SPLIT or row_block(N, element_size, layout) != 16384:
+        return []
+    pick = heuristic(N, element_size, layout)
+    realigned = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)
+    out = [replace(realigned, pieces=pieces, x16=x16, hint=hint) for pieces in (4, 8) for x16 in (False, True)
+           for hint in ("",) + HINTS]
+    out += [Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True, pieces=pieces, x16=x16)
+            for pieces in (4, 8) for x16 in (False, True)]
+    out += [Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, pieces=8, x16=x16)
+            for x16 in (False, True)]
+    return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
 
 
 def hint_candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -516,10 +554,9 @@ def _spec(dtype: str, layout: str, config: Config, N: int, has_w: bool = True):
                       num_warps=config.num_warps, num_stages=max(config.stages, 1), **extra)
 
 
-# The FP32 SPLIT 32769 winner (159 us, against 247 for chunked) holds 64 values per thread plus
-# scalar w addresses and spills 24 bytes of stack; the FP32 SPLIT 16385 winner (two same-phase rows,
-# w realigned) spills 16. Both are still the fastest measured, so allowed.
-_SPILLS_ALLOWED = {("fp32", SPLIT, TUNED[(4, SPLIT, 32768)]): 32, ("fp32", SPLIT, TUNED[(4, SPLIT, 16384)]): 16}
+# The FP16 ALIGNED 65536 winner (one 16-warp tile, x16, two pieces: 140 us against 161 for chunked)
+# holds 128 values a thread and spills 32 bytes of stack; still the fastest measured, so allowed.
+_SPILLS_ALLOWED = {("fp16", ALIGNED, TUNED[(2, ALIGNED, 65536)]): 32}
 
 # Row lengths behind TUNED's keys (the suite's) and the rules' representatives.
 _SUITE_N = {ALIGNED: (4096, 8192, 16384, 32768, 65536, 114688), SPLIT: (4097, 8193, 16385, 32769)}
@@ -556,7 +593,7 @@ def compile_specs():
     add("fp16", SPLIT, Config("rows", 4096, 1, 4, w_shift=True), 4097)
     add("bf16", SPLIT, Config("rows", 8192, 2, 8, row_edges=True), 8193)
     add("fp32", SPLIT, Config("rows", 4096, 1, 4, w_shift=True, row_edges=True), 4097)
-    add("bf16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], w_shift=True), 16385)
+    add("bf16", SPLIT, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True), 16385)
     add("fp16", SPLIT, Config("segments", 8192, 1, 4, w_shift=True), 16385)
     add("fp16", ALIGNED, Config("segments", 16384, 1, 4), 65536)
     add("bf16", ALIGNED, Config("segments", 16384, 1, 4, reload=True), 114688)
