@@ -51,22 +51,22 @@ def test_heuristic_picks_a_valid_config_for_every_layout(N, size):
 
 
 # The H200 sweeps' best config per rmsnorm.csv case (rms_fp16_sweep.md, rms_rest_sweep.md; SPLIT rows:
-# BENCHMARKS.md session 14), written out independently of configs.TUNED. fp16 8192x4096 measured
+# BENCHMARKS.md session 14; tiles in pieces: session 50), written out independently of configs.TUNED. fp16 8192x4096 measured
 # rows[4096,2,w=4] at 37.9 us, bf16 rows[4096,2,w=16] at 37.8: the two dtypes share the entry, so
 # both cases get the bf16 pick.
 MEASURED_BEST = {
     ("fp16", 8192, 4096): Config("rows", 4096, 2, 16),
-    ("fp16", 4096, 8192): Config("rows", 8192, 2, 8),
-    ("fp16", 2048, 16384): Config("rows", 16384, 1, 8),
-    ("fp16", 2048, 65536): Config("chunked", 16384, 1, 16, 1, 2),
+    ("fp16", 4096, 8192): Config("rows", 8192, 2, 16, x16=True, pieces=2),
+    ("fp16", 2048, 16384): Config("rows", 16384, 1, 8, pieces=4),
+    ("fp16", 2048, 65536): Config("rows", 65536, 1, 16, x16=True, hint="cs", pieces=2),
     ("fp16", 2048, 114688): Config("segments", 16384, 1, 4, x16=True),
-    ("fp16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
+    ("fp16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
     ("fp16", 4096, 8193): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),
-    ("fp16", 2048, 16385): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),
+    ("fp16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
     ("bf16", 8192, 4096): Config("rows", 4096, 2, 16),
-    ("bf16", 2048, 16384): Config("rows", 16384, 1, 8),
-    ("bf16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
-    ("bf16", 2048, 16385): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),
+    ("bf16", 2048, 16384): Config("rows", 16384, 1, 8, pieces=4),
+    ("bf16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
+    ("bf16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
     ("fp32", 8192, 4096): Config("rows", 4096, 2, 4),
     ("fp32", 4096, 8192): Config("rows", 8192, 2, 32),
     ("fp32", 2048, 16384): Config("rows", 16384, 2, 16),
@@ -75,8 +75,8 @@ MEASURED_BEST = {
     ("fp32", 2048, 114688): Config("segments", 8192, 1, 4),
     ("fp32", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
     ("fp32", 4096, 8193): Config("rows", 8192, 1, 8, row_edges=True),
-    ("fp32", 2048, 16385): Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True),
-    ("fp32", 2048, 32769): Config("rows", 32768, 1, 16),
+    ("fp32", 2048, 16385): Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, pieces=4),
+    ("fp32", 2048, 32769): Config("rows", 32768, 1, 32, pieces=4),
 }
 
 
@@ -133,7 +133,7 @@ def test_validate_rejects_unusable_configs(bad, match):
 def test_sweep_candidates_are_valid_and_start_with_the_heuristic(N, size, layout):
     cands = configs.candidates(N, size, layout)
     assert cands[0] == configs.heuristic(N, size, layout)
-    assert len(cands) == len(set(cands)) and len(cands) <= 60
+    assert len(cands) == len(set(cands)) and len(cands) <= 80
     for cfg in cands:
         configs.validate(cfg, N, size, layout if cfg.split else configs.row_layout(N, N, True, size, False))
     if layout == SPLIT:
@@ -228,7 +228,7 @@ def test_concurrent_interpreter_runs_programs_that_wait_for_each_other():
 @pytest.mark.parametrize("N, size", [(4097, 2), (8193, 2), (16385, 2), (16385, 4), (32769, 4)])
 def test_tried_candidates_for_split_rows_read_shifted_weight_copies(N, size):
     new = configs.tried_candidates(N, size, SPLIT)
-    pick = configs._one_row(configs.heuristic(N, size, SPLIT))   # the tile they were measured against
+    pick = configs._one_row(configs.measured_pick(N, size, SPLIT))   # the tile they were measured against
     assert new and len(new) == len(set(new)) <= 24
     assert new[0] == replace(pick, w_shift=True, w_realign=False, row_edges=pick.kernel == "rows")
     for cfg in new:
@@ -365,8 +365,10 @@ def test_pdl_is_a_w_shift_switch_of_the_rows_kernel():
     assert pdl and all(c.w_shift and c.row_edges and c.kernel == "rows" for c in pdl)
     assert {replace(c, pdl=False) for c in pdl} <= set(tried)          # each next to its tile without it
     assert all(c.persistent and not c.pdl for c in configs.persistent_candidates(16385, 2, SPLIT))
-    # TUNED has it where the H200 sweep had it win: 16-bit split rows of 8193 on, not FP32
-    assert [configs.heuristic(N, 2, SPLIT).pdl for N in (4097, 8193, 16385)] == [False, True, True]
+    # TUNED has it where the H200 sweep had it win: 16-bit split rows of 8193, not FP32; rows of 16385
+    # moved to w realigned in pieces (session 50), which has no copies to wait for
+    assert [configs.heuristic(N, 2, SPLIT).pdl for N in (4097, 8193, 16385)] == [False, True, False]
+    assert configs.measured_pick(16385, 2, SPLIT).pdl
     assert not configs.heuristic(8193, 4, SPLIT).pdl and not configs.heuristic(16385, 4, SPLIT).pdl
 
 
@@ -410,7 +412,8 @@ def test_x16_constexprs_and_name():
 @pytest.mark.parametrize("cfg, N, size, layout", [
     (Config("segments", 16384, x16=True), 65536, 4, ALIGNED),             # FP32 x
     (Config("segments", 16384, x16=True, reload=True), 65536, 2, ALIGNED),
-    (Config("rows", 4096, x16=True), 4096, 2, ALIGNED),
+    (Config("chunked", 4096, x16=True), 4096, 2, ALIGNED),
+    (Config("rows", 4096, x16=True), 4096, 4, ALIGNED),                   # FP32 x, rows kernel
 ])
 def test_validate_rejects_x16_configs_that_cannot_serve(cfg, N, size, layout):
     with pytest.raises(ValueError, match="x16"):
@@ -498,7 +501,8 @@ def test_same_phase_candidates_are_rows_v_apart():
     cfg = configs.same_phase_candidates(16385, 4, SPLIT)[0]
     assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
     assert configs.kernel_constexprs(configs.heuristic(16385, 2, SPLIT), 16385, 2, SPLIT, True)["SAME_PHASE"] is False
-    assert configs.heuristic(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)  # TUNED's FP32 tile
+    assert configs.measured_pick(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)  # TUNED's FP32
+    # tile before pieces
     for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
         with pytest.raises(ValueError, match="same_phase"):
             configs.validate(bad, 16385, 4, SPLIT)
@@ -525,16 +529,16 @@ def test_same_phase_grid_gives_every_row_one_tile_of_its_phase(M, rows, v):
 
 def test_hint_candidates_are_the_rows_pick_with_each_cache_hint():
     for N, size, layout in ((16385, 2, SPLIT), (16385, 4, SPLIT), (16384, 2, ALIGNED), (4097, 4, SPLIT)):
-        pick = configs.heuristic(N, size, layout)
-        cands = configs.new_candidates(N, size, layout)
+        pick = configs.measured_pick(N, size, layout)
+        cands = configs.hint_candidates(N, size, layout)
         assert cands == [replace(pick, hint=hint) for hint in configs.HINTS]
         assert set(cands) <= set(configs.candidates(N, size, layout))
         for cfg in cands:
             configs.validate(cfg, N, size, layout)
             assert f"[{cfg.hint}]" in str(cfg)
             assert configs.kernel_constexprs(cfg, N, size, layout, True)["HINT"] == cfg.hint
-    assert configs.new_candidates(65536, 2, ALIGNED) == []            # chunked pick: its own hints
-    assert configs.new_candidates(127, 2, GENERIC) == []
+    assert configs.hint_candidates(65536, 2, ALIGNED) == []           # chunked pick: its own hints
+    assert configs.hint_candidates(127, 2, GENERIC) == []
     for bad in (Config("rows", 16384, hint="nc"), Config("chunked", 4096, hint="cg")):
         with pytest.raises(ValueError, match="hint"):
             configs.validate(bad, 16384, 2, ALIGNED)

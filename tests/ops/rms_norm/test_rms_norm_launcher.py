@@ -81,9 +81,9 @@ def test_unaligned_pointers_leave_the_fast_path_for_their_own_kernel(recorded):
     layouts = [key[3] for key in jit]
     assert layouts == [configs.ALIGNED, configs.GENERIC]          # one kernel each, compiled once
     # ALIGNED, not SPLIT, HAS_W, none of W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, PERSISTENT; STAGES 1; not
-    # SAME_PHASE; no cache hint
-    assert plan.fast is not None and plan.fast[-1][-11:] == (True, False, True, False, False, False, False, False, 1,
-                                                             False, "")
+    # SAME_PHASE; no cache hint; one piece, x not kept 16-bit
+    assert plan.fast is not None and plan.fast[-1][-13:] == (True, False, True, False, False, False, False, False, 1,
+                                                             False, "", 1, False)
     # first aligned and first shifted launches went to the (fake) JIT
     assert [c[HEAD] for c in calls] == [aligned.data_ptr(), aligned.data_ptr(), shifted.data_ptr()]
 
@@ -110,13 +110,13 @@ def test_segments_launches_get_a_zeroed_workspace_each_call(recorded, monkeypatc
         assert args[HEAD + 8:HEAD + 10] == (sync_ptr, partial_ptr)
         assert sync.eq(0).all() and sync.numel() == 6 and partial_numel == 5 * 8
         assert args[HEAD + 10:HEAD + 12] == (8192, 8)                 # SEG, SEGMENTS
-    xh, wh = x.half(), w.half()                             # the op, FP16: TUNED chunked, persistent grid
+    xh, wh = torch.randn(5, 262144).half(), torch.randn(262144).half()  # the op, FP16: chunked, persistent grid
     yh = torch.empty_like(xh)
-    plan = eager._build_plan(xh, [65536], wh)
+    plan = eager._build_plan(xh, [262144], wh)
     launcher.run_plan(plan, xh, wh, yh, rstd, 1e-6)
     launcher.run_plan(plan, xh, wh, yh, rstd, 1e-6)
     assert plan.fast is not None and plan.fast[1] == 5 and len(calls) == 3
-    assert configs.heuristic(65536, 2, configs.ALIGNED).kernel == "chunked"
+    assert configs.heuristic(262144, 2, configs.ALIGNED).kernel == "chunked"
 
 
 def test_w_shift_launches_write_the_shifted_copies_first_and_never_take_the_fast_path(monkeypatch):

@@ -164,6 +164,25 @@ TUNED: dict[tuple[int, str, int], Config] = {
 }
 
 
+# TUNED's entries before session 50's pieces replaced them: the tiles the older candidate lists
+# (tried, persistent, hint, pieces) were built from and measured against.
+BEFORE_PIECES: dict[tuple[int, str, int], Config] = {
+    (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),
+    (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),
+    (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),
+    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),
+    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),
+    (4, SPLIT, 16384): Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True),
+    (4, SPLIT, 32768): Config("rows", 32768, 1, 16),
+}
+
+
+def measured_pick(N: int, element_size: int, layout: str) -> Config:
+    """The heuristic's pick as it was before pieces (``BEFORE_PIECES``)."""
+    key = (element_size, layout, row_block(N, element_size, layout))
+    return BEFORE_PIECES.get(key) or heuristic(N, element_size, layout)
+
+
 @functools.lru_cache(maxsize=1024)
 def heuristic(N: int, element_size: int, layout: str) -> Config:
     block = row_block(N, element_size, layout)
@@ -280,7 +299,7 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     BENCHMARKS.md session 50): TUNED took the winners that gained beyond the sweep's noise, among
     them FP16 2048x16385 with w realigned in four pieces (38.5 us against 39.2 for the copies) and
     FP32 2048x16385 as two same-phase rows over 32 warps in four pieces (73.6 against 78.9)."""
-    pick = heuristic(N, element_size, layout)
+    pick = measured_pick(N, element_size, layout)
     block = row_block(N, element_size, layout)
     if layout == GENERIC:
         return []
@@ -323,7 +342,7 @@ def hint_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     realigned loads); a hint keeps them from pushing w out. Measured at d6c68b7 (BENCHMARKS.md
     session 49): only FP32 aligned rows of 32768 gained ("cs", 133.1 us against 137.9; TUNED has
     it); the unaligned rows did not move."""
-    pick = heuristic(N, element_size, layout)
+    pick = measured_pick(N, element_size, layout)
     if pick.kernel != "rows" or layout == GENERIC:
         return []
     return [replace(pick, hint=hint) for hint in HINTS]
@@ -363,7 +382,7 @@ def persistent_candidates(N: int, element_size: int, layout: str) -> list[Config
     Measured at d80dcdd (BENCHMARKS.md session 18): slower than the shipped tile on every case
     tried (FP16 2048x16385 47.9 us at 2 an SM against 39.5, FP32 2048x16385 100.8 against 81.1),
     so TUNED has none of them."""
-    base = _one_row(heuristic(N, element_size, layout))
+    base = _one_row(measured_pick(N, element_size, layout))
     if base.kernel != "rows" or layout == GENERIC or row_block(N, element_size, layout) < 4096:
         return []
     variants = [replace(base, pdl=False)]
@@ -442,7 +461,7 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     out = _x16_segments(N, element_size, layout)
     block = row_block(N, element_size, layout)
     if layout == SPLIT:
-        pick = _one_row(heuristic(N, element_size, layout))
+        pick = _one_row(measured_pick(N, element_size, layout))
         rows_kernel = pick.kernel == "rows"
         out.append(replace(pick, w_shift=True, w_realign=False, row_edges=rows_kernel))
         if rows_kernel:
