@@ -772,21 +772,22 @@ def interpreter_checks():
     for dtype, hint in (("fp16", "cg"), ("bf16", "evict_first"), ("fp32", "cs")):
         cases.append((f"rows-hint-{hint}[{dtype},N=1001]",
                       (dtype, 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, hint=hint))))
-    # the tile normalized in two pieces (each w kind; a second piece partly or wholly past the
-    # body), and 16-bit x kept as loaded (x16)
-    for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True,
+    # the tile normalized in pieces (each w kind; a second piece partly or wholly past the body),
+    # and 16-bit x kept as loaded (x16); one warp, so that small pieces still give every thread a
+    # 16-byte run (validate)
+    for dtype, M, N, cfg in (("fp16", 9, 1001, Config("rows", 1024, 2, 1, w_shift=True, row_edges=True, pdl=True,
                                                       pieces=2, x16=True)),
-                             ("fp32", 13, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True,
+                             ("fp32", 13, 1001, Config("rows", 1024, 2, 1, row_edges=True, w_realign=True,
                                                        same_phase=True, pieces=2)),
-                             ("bf16", 7, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_realign=True, pieces=2)),
-                             ("fp16", 5, 203, Config("rows", 512, 2, 4, row_edges=True, pieces=2)),
-                             ("bf16", 6, 256, Config("rows", 256, 2, 4, pieces=2, x16=True, hint="cs")),
-                             ("fp32", 5, 200, Config("rows", 512, 1, 4, pieces=2)),
-                             ("fp16", 7, 1001, Config("rows", 1024, 1, 4, row_edges=True, w_realign=True, pieces=4,
+                             ("bf16", 7, 1001, Config("rows", 1024, 1, 1, row_edges=True, w_realign=True, pieces=2)),
+                             ("fp16", 5, 203, Config("rows", 512, 2, 1, row_edges=True, pieces=2)),
+                             ("bf16", 6, 256, Config("rows", 256, 2, 1, pieces=2, x16=True, hint="cs")),
+                             ("fp32", 5, 200, Config("rows", 512, 1, 1, pieces=2)),
+                             ("fp16", 7, 1001, Config("rows", 1024, 1, 1, row_edges=True, w_realign=True, pieces=4,
                                                       x16=True)),
-                             ("fp32", 11, 1001, Config("rows", 1024, 2, 4, row_edges=True, w_realign=True,
+                             ("fp32", 11, 1001, Config("rows", 1024, 2, 1, row_edges=True, w_realign=True,
                                                        same_phase=True, pieces=4)),
-                             ("bf16", 5, 300, Config("rows", 512, 1, 4, w_shift=True, pieces=4))):
+                             ("bf16", 5, 1001, Config("rows", 1024, 1, 1, w_shift=True, pieces=4))):
         cases.append((f"rows-pieces{'-x16' * cfg.x16}[{dtype},M={M},N={N},BLOCK_N={cfg.block},{cfg.pieces}]",
                       (dtype, M, N, True, cfg)))
     cases.append(("rows-x16[bf16,N=1001,no-w]", ("bf16", 4, 1001, False, Config("rows", 1024, 1, 4, x16=True))))

@@ -52,6 +52,21 @@ rms_norm_rows_kernel -- the row fits in registers (one pass, no loop).
   "cs" (that, and y stored streaming), "evict_first" (both first out of L1). Measured: "cs" made
   FP32 rows of 32768 3.5 % faster and nothing else; TUNED has it there alone.
 
+  PIECES (configs.Config.pieces: 1, 2, 4 or 8): the tile's columns as that many [ROWS, BLOCK_N /
+  PIECES] pieces, each thread holding its 16-byte runs of every piece (configs.validate keeps at
+  least one run a thread in each: W_REALIGN's shift takes a whole run). All pieces' loads are
+  issued first and reduced together; after the row reduction each piece loads its w, normalizes
+  and stores before the next piece loads its w (ptxas keeps that order, SASS: w may alias y). So
+  the first y stores leave after one piece's w round trip instead of the whole tile's, and w's
+  registers are a piece's; total registers move either way (sm_90a: FP16 rows[16384,1,w=8] 107
+  in one piece, 113 in four; FP32 two same-phase rows of 16385 over 16 warps 128 and 16 bytes
+  of spills in one, 125 and none in two). With X16 (configs.Config.x16) 16-bit x stays as
+  loaded until its piece is normalized (keep_16_bit). Measured (BENCHMARKS.md session 50): FP16
+  rows of 65536 as one 16-warp tile in two pieces with X16 ran at 3.8 TB/s where every earlier
+  layout stopped at 3.4; 16-bit rows of 16385 gained with w realigned in four pieces (its two w
+  vectors a run are what made it lose in one piece), FP32 rows of 16385 and 32769 in four pieces
+  over 32 warps.
+
 rms_norm_chunked_kernel -- rows too long for registers (two passes, the second from L2).
   Persistent grid, a few programs per SM, each normalizing whole rows in turn. Tile [CHUNK],
   same per-thread 16-byte runs. Pass 1 streams the row chunk by chunk into a [CHUNK] FP32
