@@ -179,6 +179,7 @@ def test_interpreter_checks_pass_in_a_child_process():
     assert sum(name.startswith("segments") for name in names) >= 7
     assert sum(name.startswith("nan-inf") for name in names) == 6
     assert sum("x16" in name for name in names) >= 2 and sum("pieces" in name for name in names) >= 9
+    assert sum("w-ahead" in name for name in names) >= 5
     assert sum("w-shift" in name for name in names) >= 8 and sum("row-edges" in name for name in names) >= 4
     assert sum("reload" in name for name in names) >= 2
     proc = run_checks(["rms_norm"], timeout=600)

@@ -60,6 +60,7 @@ class Config:
                                # "evict_first", "cs"; HINT, kernels.py)
     pieces: int = 1            # rows kernel: the tile normalized and stored in 1, 2 or 4 column pieces,
                                # each loading its w just before (PIECES, kernels.py)
+    w_ahead: bool = False      # rows kernel: each piece's w loaded one piece early, the first with x
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -87,6 +88,8 @@ class Config:
             text += f"[{self.hint}]"
         if self.pieces > 1:
             text += f"[pieces={self.pieces}]"
+        if self.w_ahead:
+            text += "[w-ahead]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -228,6 +231,8 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"{config}: x16 is for 16-bit x in the rows and segments kernels (without reload)")
     if config.pieces not in (1, 2, 4, 8) or (config.pieces > 1 and config.kernel != "rows"):
         raise ValueError(f"{config}: pieces is 1, 2, 4 or 8, and more than 1 only for the rows kernel")
+    if config.w_ahead and config.kernel != "rows":
+        raise ValueError(f"{config}: w_ahead is a rows-kernel schedule")
     if config.pieces > 1 and not _fits(config, element_size):
         # a piece must give every thread a whole 16-byte run: with less, Triton's layout holds
         # fewer values a thread, and W_REALIGN's shift (V values an instance) mixes two runs
@@ -298,7 +303,10 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     not move (39.2-39.8 against 39.5). Second run, every rmsnorm case (0ccd669, pieces of 2 and 4;
     BENCHMARKS.md session 50): TUNED took the winners that gained beyond the sweep's noise, among
     them FP16 2048x16385 with w realigned in four pieces (38.5 us against 39.2 for the copies) and
-    FP32 2048x16385 as two same-phase rows over 32 warps in four pieces (73.6 against 78.9)."""
+    FP32 2048x16385 as two same-phase rows over 32 warps in four pieces (73.6 against 78.9). Third
+    run (141d72a, ``_realign_pieces_candidates``, 16-bit 2048x16385): none beat the realigned tile
+    in four pieces (FP16 38.6 us; in eight pieces 40.5, with cache hints 40.4-41.1, same-phase rows
+    45.2 at best, the copies in eight pieces 43.3)."""
     pick = measured_pick(N, element_size, layout)
     block = row_block(N, element_size, layout)
     if layout == GENERIC:
@@ -315,17 +323,33 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
         return []
     out = [replace(base, pieces=pieces, x16=x16) for base in bases for pieces in (1, 2, 4)
            for x16 in ((False, True) if element_size == 2 else (False,))]
+    out += _realign_pieces_candidates(N, element_size, layout)
     return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: for 16-bit SPLIT
-    rows of 16385 (the last suite cases under 3.5 TB/s), the realigned tile in 4 or 8 pieces with
-    and without x16 and under each cache hint; two same-phase rows over 16 warps, realigned, in 4 or
-    8 pieces; the shifted copies in 8 pieces."""
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: every rows pick with
+    w_ahead (each piece's w loaded one piece early, the first piece's with x), and for 16-bit SPLIT
+    rows of 16385 (the last suite cases under 3.5 TB/s) the realigned tile in 2, 4 or 8 pieces with
+    w_ahead, with and without x16. Why: in pieces, the w loads of each piece wait for the previous
+    piece's stores, so a tile of four pieces makes four L2 round trips one after another once its
+    row is reduced."""
+    pick = heuristic(N, element_size, layout)
+    if pick.kernel != "rows" or layout == GENERIC:
+        return []
+    out = [replace(pick, w_ahead=True)]
+    if element_size == 2 and layout == SPLIT and row_block(N, element_size, layout) == 16384:
+        out += [Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=pieces, x16=x16, w_ahead=True)
+                for pieces in (2, 4, 8) for x16 in (False, True)]
+    return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
+
+
+def _realign_pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """The second round of pieces_candidates (141d72a): 16-bit SPLIT rows of 16385 with w
+    realigned in 4 or 8 pieces, with and without x16, under each cache hint; two same-phase rows
+    over 16 warps, realigned, in 4 or 8 pieces; the shifted copies in 8 pieces."""
     if element_size != 2 or layout != SPLIT or row_block(N, element_size, layout) != 16384:
         return []
-    pick = heuristic(N, element_size, layout)
     realigned = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)
     out = [replace(realigned, pieces=pieces, x16=x16, hint=hint) for pieces in (4, 8) for x16 in (False, True)
            for hint in ("",) + HINTS]
@@ -333,7 +357,7 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
             for pieces in (4, 8) for x16 in (False, True)]
     out += [Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, pieces=8, x16=x16)
             for x16 in (False, True)]
-    return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
+    return out
 
 
 def hint_candidates(N: int, element_size: int, layout: str) -> list[Config]:
@@ -522,7 +546,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "PERSISTENT": config.persistent, "STAGES": config.stages,
                 "SAME_PHASE": config.same_phase and layout == SPLIT,
                 "HINT": config.hint, "PIECES": config.pieces,
-                "X16": config.x16 and element_size == 2} if config.kernel == "rows" else {}),
+                "X16": config.x16 and element_size == 2,
+                "W_AHEAD": config.w_ahead and has_w} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -787,10 +812,22 @@ def interpreter_checks():
                                                       x16=True)),
                              ("fp32", 11, 1001, Config("rows", 1024, 2, 1, row_edges=True, w_realign=True,
                                                        same_phase=True, pieces=4)),
-                             ("bf16", 5, 1001, Config("rows", 1024, 1, 1, w_shift=True, pieces=4))):
-        cases.append((f"rows-pieces{'-x16' * cfg.x16}[{dtype},M={M},N={N},BLOCK_N={cfg.block},{cfg.pieces}]",
+                             ("bf16", 5, 1001, Config("rows", 1024, 1, 1, w_shift=True, pieces=4)),
+                             # w_ahead: each w kind, one piece or several, the last piece past the body
+                             ("fp16", 7, 1001, Config("rows", 1024, 1, 1, row_edges=True, w_realign=True, pieces=4,
+                                                      w_ahead=True)),
+                             ("fp32", 11, 1001, Config("rows", 1024, 2, 1, row_edges=True, w_realign=True,
+                                                       same_phase=True, pieces=2, w_ahead=True)),
+                             ("bf16", 9, 1001, Config("rows", 1024, 2, 1, w_shift=True, row_edges=True, pdl=True,
+                                                      pieces=4, w_ahead=True)),
+                             ("fp16", 5, 200, Config("rows", 512, 1, 1, pieces=2, w_ahead=True)),
+                             ("fp32", 6, 256, Config("rows", 256, 2, 1, w_ahead=True))):
+        cases.append((f"rows-pieces{'-x16' * cfg.x16}{'-w-ahead' * cfg.w_ahead}"
+                      f"[{dtype},M={M},N={N},BLOCK_N={cfg.block},{cfg.pieces}]",
                       (dtype, M, N, True, cfg)))
     cases.append(("rows-x16[bf16,N=1001,no-w]", ("bf16", 4, 1001, False, Config("rows", 1024, 1, 4, x16=True))))
+    cases.append(("rows-w-ahead[fp16,N=1001,no-w]",
+                  ("fp16", 4, 1001, False, Config("rows", 1024, 1, 1, row_edges=True, pieces=4, w_ahead=True))))
     cases.append(("rows-w-shift-pdl[bf16,N=1001,ROWS=2]",
                   ("bf16", 5, 1001, True, Config("rows", 1024, 2, 4, w_shift=True, row_edges=True, pdl=True))))
     cases.append(("w-shift-no-w[fp16,N=1001]",

@@ -315,14 +315,15 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-                         SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr, X16: tl.constexpr):
+                         SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr, X16: tl.constexpr,
+                         W_AHEAD: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT, PIECES, X16)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT, PIECES, X16, W_AHEAD)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT, PIECES, X16)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT, PIECES, X16, W_AHEAD)
 
 
 @triton.jit
@@ -336,33 +337,38 @@ def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.const
 
 
 @triton.jit
-def _normalize_piece(W, Y, x, mask, rstd, cols, tile, s, body_start, y_start, n_cols, N, stride_row,
-                     PIECE_N: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr,
-                     HAS_W: tl.constexpr, W_SHIFT: tl.constexpr, W_REALIGN: tl.constexpr, W_PDL: tl.constexpr,
-                     SAME_PHASE: tl.constexpr, X16: tl.constexpr, Y_CACHE: tl.constexpr, EVICT: tl.constexpr):
-    """y = x * rstd * w on columns ``cols`` of the tile's row bodies, stored. w is loaded here, so
-    its registers live only while this piece is written."""
+def _piece_w(W, mask, cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N: tl.constexpr, ROWS: tl.constexpr,
+             V: tl.constexpr, SPLIT: tl.constexpr, W_SHIFT: tl.constexpr, W_REALIGN: tl.constexpr,
+             W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
+    """w for columns ``cols`` of the tile's row bodies, as loaded ([ROWS or 1, PIECE_N])."""
+    if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
+        s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
+        c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
+        w_cols = cols < (s0 + N) // V * V - (s0 + c0)
+        if W_REALIGN:
+            w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, PIECE_N, V)
+        else:
+            if W_PDL and not _INTERPRETED:
+                gdc_wait()
+            w = tl.load(W + _body_w_offset(c0, N, V, W_SHIFT) + cols, mask=w_cols, other=0.0)[None, :]
+    elif SPLIT and W_REALIGN:
+        w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, PIECE_N, V)
+    elif SPLIT:
+        if W_PDL and not _INTERPRETED:  # the copies' kernel ran alongside x's loads: wait for it now
+            gdc_wait()
+        w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT)[:, None] + cols[None, :],
+                    mask=mask, other=0.0)
+    else:
+        w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
+    return w
+
+
+@triton.jit
+def _store_piece(Y, x, w, mask, rstd, cols, y_start, HAS_W: tl.constexpr, X16: tl.constexpr,
+                 Y_CACHE: tl.constexpr, EVICT: tl.constexpr):
+    """y = x * rstd (* w) on columns ``cols`` of the tile's row bodies, stored."""
     y = keep_16_bit(x, X16).to(tl.float32) * rstd[:, None]
     if HAS_W:
-        if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
-            s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
-            c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
-            w_cols = cols < (s0 + N) // V * V - (s0 + c0)
-            if W_REALIGN:
-                w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, PIECE_N, V)
-            else:
-                if W_PDL and not _INTERPRETED:
-                    gdc_wait()
-                w = tl.load(W + _body_w_offset(c0, N, V, W_SHIFT) + cols, mask=w_cols, other=0.0)[None, :]
-        elif SPLIT and W_REALIGN:
-            w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, PIECE_N, V)
-        elif SPLIT:
-            if W_PDL and not _INTERPRETED:  # the copies' kernel ran alongside x's loads: wait for it now
-                gdc_wait()
-            w = tl.load(W + _body_w_offset(body_start - s, N, V, W_SHIFT)[:, None] + cols[None, :],
-                        mask=mask, other=0.0)
-        else:
-            w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
         y = y * w.to(tl.float32)
     tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, cache_modifier=Y_CACHE,
              eviction_policy=EVICT)
@@ -374,12 +380,13 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr,
-               X16: tl.constexpr):
+               X16: tl.constexpr, W_AHEAD: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel. HINT marks x's loads and y's
     stores, read and written once: "" none, "cg" x not cached in L1, "cs" that and y stored as
     streaming, "evict_first" both first out of L1. PIECES (1, 2 or 4): the body tile as that many
     column pieces, all loaded first, then normalized and stored piece by piece (PIECES in the
-    header). X16: 16-bit x kept as loaded across the row reduction (keep_16_bit)."""
+    header). X16: 16-bit x kept as loaded across the row reduction (keep_16_bit). W_AHEAD: each
+    piece's w loaded one piece early, the first piece's with x (PIECES in the header)."""
     X_CACHE: tl.constexpr = ".cg" if HINT == "cg" or HINT == "cs" else ""
     Y_CACHE: tl.constexpr = ".cs" if HINT == "cs" else ""
     EVICT: tl.constexpr = "evict_first" if HINT == "evict_first" else ""
@@ -418,6 +425,9 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
             sq = xf * xf
         else:
             sq += xf * xf
+    if W_AHEAD and HAS_W:  # the first piece's w in flight with x, through the row reduction
+        w_next = _piece_w(W, row_ok[:, None] & (cols[None, :] < body_len[:, None]), cols, tile, s, body_start,
+                          n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
     sumsq = tl.sum(sq, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -432,11 +442,23 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     rstd = tl.math.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
-    for p in tl.static_range(PIECES):  # each piece's w is loaded after the previous piece's stores
+    # Each piece's w is loaded after the previous piece's stores; with W_AHEAD one piece earlier,
+    # so the next piece's w is in flight while this one is normalized and stored.
+    for p in tl.static_range(PIECES):
         piece_cols = cols + p * PIECE_N
-        _normalize_piece(W, Y, xs[p], row_ok[:, None] & (piece_cols[None, :] < body_len[:, None]), rstd, piece_cols,
-                         tile, s, body_start, y_start, n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, HAS_W, W_SHIFT,
-                         W_REALIGN, W_PDL, SAME_PHASE, X16, Y_CACHE, EVICT)
+        piece_mask = row_ok[:, None] & (piece_cols[None, :] < body_len[:, None])
+        w = 1.0
+        if HAS_W:
+            if W_AHEAD:
+                w = w_next
+                if p + 1 < PIECES:
+                    w_next = _piece_w(W, row_ok[:, None] & ((piece_cols + PIECE_N)[None, :] < body_len[:, None]),
+                                      piece_cols + PIECE_N, tile, s, body_start, n_cols, N, stride_row, PIECE_N,
+                                      ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+            else:
+                w = _piece_w(W, piece_mask, piece_cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
+                             V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+        _store_piece(Y, xs[p], w, piece_mask, rstd, piece_cols, y_start, HAS_W, X16, Y_CACHE, EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
