@@ -62,11 +62,11 @@ MEASURED_BEST = {
     ("fp16", 2048, 114688): Config("segments", 16384, 1, 4, x16=True),
     ("fp16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
     ("fp16", 4096, 8193): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),
-    ("fp16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
+    ("fp16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
     ("bf16", 8192, 4096): Config("rows", 4096, 2, 16),
     ("bf16", 2048, 16384): Config("rows", 16384, 1, 8, pieces=4),
     ("bf16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
-    ("bf16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
+    ("bf16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
     ("fp32", 8192, 4096): Config("rows", 4096, 2, 4),
     ("fp32", 4096, 8192): Config("rows", 8192, 2, 32),
     ("fp32", 2048, 16384): Config("rows", 16384, 2, 16),
@@ -76,7 +76,7 @@ MEASURED_BEST = {
     ("fp32", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
     ("fp32", 4096, 8193): Config("rows", 8192, 1, 8, row_edges=True),
     ("fp32", 2048, 16385): Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, pieces=4),
-    ("fp32", 2048, 32769): Config("rows", 32768, 1, 32, pieces=4),
+    ("fp32", 2048, 32769): Config("rows", 32768, 1, 32, pieces=4, w_ahead=True),
 }
 
 

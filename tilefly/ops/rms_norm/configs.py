@@ -135,7 +135,7 @@ def row_block(N: int, element_size: int, layout: str) -> int:
 # entries; where their sweeps disagreed (only (2, aligned, 4096): 37.9 vs 37.8 us, noise) the
 # pick keeps 16 values per thread, the per-thread load the LLM-shape sweep validated. Entries in
 # pieces (and FP16 rows of 65536 as one rows tile) won `sweep.py --new` over every rows pick of the
-# suite at 0ccd669 (pieces_candidates; gains under ~1 % left out).
+# suite at 0ccd669 (pieces_candidates; gains under ~1 % left out), those with w_ahead at c320772.
 TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 4096): Config("rows", 4096, 2, 16),                 # bf16 8192x4096    37.8 us
     (2, ALIGNED, 8192): Config("rows", 8192, 2, 16, x16=True, pieces=2),  # fp16 4096x8192 34.6 (36.1 before
@@ -149,8 +149,9 @@ TUNED: dict[tuple[int, str, int], Config] = {
                                                                      # bf16 37.3 (one piece 37.2 / 37.9)
     (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),  # fp16 4096x8193
                                                                      # 37.2 (no pdl 39.0, plain 42.9)
-    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),  # fp16 2048x16385
-                                                                     # 38.5, bf16 39.0 (copies 39.2 / 39.5)
+    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
+                                                                     # fp16 2048x16385 37.7, bf16 38.9 (four
+                                                                     # pieces 38.6 / 38.6; copies 39.2 / 39.5)
     (4, ALIGNED, 4096): Config("rows", 4096, 2, 4),                  # fp32 8192x4096    70.3 =
     (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
     (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
@@ -162,8 +163,8 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (4, SPLIT, 16384): Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, pieces=4),
                                                                      # fp32 2048x16385 73.6 (16 warps, one
                                                                      # piece 78.9; one row a tile 81.0)
-    (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4),       # fp32 2048x32769  143.2 (16 warps, one
-                                                                     # piece 151.6)
+    (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4, w_ahead=True),  # fp32 2048x32769 140.6 (w
+                                                                     # not ahead 142.9; 16 warps, one piece 151.6)
 }
 
 
@@ -274,6 +275,7 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
                               + same_phase_candidates(N, element_size, layout)
                               + hint_candidates(N, element_size, layout)
                               + pieces_candidates(N, element_size, layout)
+                              + w_ahead_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -328,13 +330,41 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: every rows pick with
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen, for 16-bit SPLIT
+    rows of 16385 (BF16 2048x16385 is the last suite case under 3.5 TB/s): the realigned tile in
+    eight pieces with w ahead under each cache hint and without w ahead; in four pieces with and
+    without w ahead over 8 and 16 warps; the shifted copies in eight pieces with w ahead."""
+    if element_size != 2 or layout != SPLIT or row_block(N, element_size, layout) != 16384:
+        return []
+    pick = heuristic(N, element_size, layout)
+    realigned = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True)
+    out = [replace(realigned, pieces=8, w_ahead=True, hint=hint) for hint in HINTS]
+    out += [replace(realigned, pieces=8), replace(realigned, pieces=4)]
+    out += [replace(realigned, num_warps=16, pieces=4, w_ahead=ahead, x16=x16) for ahead in (False, True)
+            for x16 in (False, True)]
+    out.append(Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, pieces=8, w_ahead=True))
+    return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
+
+
+_BEFORE_W_AHEAD = {(2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
+                   (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4)}
+
+
+def _pre_w_ahead_pick(N: int, element_size: int, layout: str) -> Config:
+    key = (element_size, layout, row_block(N, element_size, layout))
+    return _BEFORE_W_AHEAD.get(key) or heuristic(N, element_size, layout)
+
+
+def w_ahead_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """Every rows pick (as it was at c320772) with
     w_ahead (each piece's w loaded one piece early, the first piece's with x), and for 16-bit SPLIT
     rows of 16385 (the last suite cases under 3.5 TB/s) the realigned tile in 2, 4 or 8 pieces with
     w_ahead, with and without x16. Why: in pieces, the w loads of each piece wait for the previous
     piece's stores, so a tile of four pieces makes four L2 round trips one after another once its
-    row is reduced."""
-    pick = heuristic(N, element_size, layout)
+    row is reduced. Measured at c320772 (BENCHMARKS.md session 50): FP16 2048x16385 37.7 us in eight
+    pieces with w ahead against 38.6 (BF16 38.9 against 38.6), FP32 2048x32769 140.6 against 142.9,
+    so TUNED has it there; elsewhere it tied or lost (FP16 2048x65536 150.8 against 140.0)."""
+    pick = _pre_w_ahead_pick(N, element_size, layout)
     if pick.kernel != "rows" or layout == GENERIC:
         return []
     out = [replace(pick, w_ahead=True)]
