@@ -323,7 +323,9 @@ def test_w_realign_is_a_rows_kernel_switch_for_split_rows_with_a_weight():
 
 @pytest.mark.parametrize("dtype, N, cfg", [("fp16", 4097, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)),
                                            ("fp32", 4097, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)),
-                                           ("bf16", 8193, Config("rows", 8192, 2, 16, row_edges=True, w_realign=True))])
+                                           ("bf16", 8193, Config("rows", 8192, 2, 16, row_edges=True, w_realign=True)),
+                                           ("fp16", 16385, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True,
+                                                                  pieces=8, w_ahead=True))])
 def test_w_realign_reads_w_in_16_byte_loads_with_one_aligned_run_per_asm_instance(dtype, N, cfg):
     # The PTX shifter takes V consecutive values per instance (pack=V): it is right only if each
     # thread's tile holds whole aligned runs of V columns. TTGIR: the inline asm's layout has
@@ -543,3 +545,38 @@ def test_hint_candidates_are_the_rows_pick_with_each_cache_hint():
     for bad in (Config("rows", 16384, hint="nc"), Config("chunked", 4096, hint="cg")):
         with pytest.raises(ValueError, match="hint"):
             configs.validate(bad, 16384, 2, ALIGNED)
+
+
+# -- pieces, x16 and w_ahead in the rows kernel --------------------------------------------------
+
+def test_pieces_give_every_thread_a_whole_run_and_are_rows_kernel_switches():
+    cfg = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True)
+    assert str(cfg) == "rows[BLOCK_N=16384,ROWS=1,w=8][row-edges][w-realign][pieces=8][w-ahead]"
+    configs.validate(cfg, 16385, 2, SPLIT)
+    consts = configs.kernel_constexprs(cfg, 16385, 2, SPLIT, True)
+    assert (consts["PIECES"], consts["X16"], consts["W_AHEAD"]) == (8, False, True)
+    assert configs.kernel_constexprs(cfg, 16385, 2, SPLIT, False)["W_AHEAD"] is False   # no w to load ahead
+    assert configs.kernel_constexprs(replace(cfg, x16=True), 16385, 4, SPLIT, True)["X16"] is False
+    # FP16 rows of 8193 over 16 warps in four pieces: 2048 columns a piece, 4 values a thread (the
+    # config the H200 sweep found wrong at 0ccd669, its realigning shift mixing two runs)
+    with pytest.raises(ValueError, match="16-byte run"):
+        configs.validate(Config("rows", 8192, 1, 16, row_edges=True, w_realign=True, pieces=4), 8193, 2, SPLIT)
+    configs.validate(Config("rows", 8192, 1, 16, row_edges=True, w_realign=True, pieces=2), 8193, 2, SPLIT)
+    for bad, match in ((replace(cfg, pieces=3), "pieces"), (Config("chunked", 4096, pieces=2), "pieces"),
+                       (Config("segments", 8192, w_ahead=True), "w_ahead"), (Config("chunked", 4096, x16=True), "x16")):
+        with pytest.raises(ValueError, match=match):
+            configs.validate(bad, 65536, 2, ALIGNED)
+
+
+def test_new_and_pieces_candidates_fit_and_sit_in_the_full_sweep():
+    for N, size, layout in ((16385, 2, SPLIT), (16385, 4, SPLIT), (65536, 2, ALIGNED), (4097, 2, SPLIT),
+                            (32769, 4, SPLIT)):
+        full = set(configs.candidates(N, size, layout))
+        for group in (configs.pieces_candidates, configs.w_ahead_candidates, configs.new_candidates):
+            for cfg in group(N, size, layout):
+                configs.validate(cfg, N, size, layout)
+                assert cfg in full
+    # rows of 65536 as one rows tile: candidates though the pick before pieces was chunked
+    assert {c.kernel for c in configs.pieces_candidates(65536, 2, ALIGNED)} == {"rows"}
+    assert configs.measured_pick(65536, 2, ALIGNED).kernel == "chunked"
+    assert configs.heuristic(65536, 2, ALIGNED) == configs.TUNED[(2, ALIGNED, 65536)]

@@ -17,8 +17,9 @@ ALIGNED, SPLIT, GENERIC = "aligned", "split", "generic"  # row layouts, see kern
 
 # -- heuristic constants, for rows TUNED does not list (H200 sweeps, see TUNED) ----------------
 ONE_PASS_MAX_BLOCK = 16384   # longest row body kept in registers by rule; TUNED adds FP32 rows of 32768
-                             # (1.25x / 1.55x over chunked), unmeasured for 16-bit (whose SPLIT tile
-                             # spills at 32768: scalar w loads need an address per element)
+                             # (1.25x / 1.55x over chunked) and 16-bit aligned rows of 65536 (one 16-warp
+                             # tile in two pieces, 1.15x); 16-bit rows of 32768 unmeasured (the SPLIT tile
+                             # spills there: scalar w loads need an address per element)
 ROW_TILE_ELEMS = 4096        # short rows are packed until a program holds this many elements
 MAX_ROWS = 128               # rows per program, cap
 ELEMS_PER_THREAD = 16        # values per thread in a rows tile: 2 (16-bit) or 4 (FP32) 16-byte vectors
