@@ -51,9 +51,9 @@ def test_heuristic_picks_a_valid_config_for_every_layout(N, size):
 
 
 # The H200 sweeps' best config per rmsnorm.csv case (rms_fp16_sweep.md, rms_rest_sweep.md; SPLIT rows:
-# BENCHMARKS.md session 14; tiles in pieces: session 50), written out independently of configs.TUNED. fp16 8192x4096 measured
-# rows[4096,2,w=4] at 37.9 us, bf16 rows[4096,2,w=16] at 37.8: the two dtypes share the entry, so
-# both cases get the bf16 pick.
+# BENCHMARKS.md session 14; tiles in pieces: session 50), written out independently of configs.TUNED.
+# fp16 8192x4096 measured rows[4096,2,w=4] at 37.9 us, bf16 rows[4096,2,w=16] at 37.8: the two dtypes
+# share the entry, so both cases get the bf16 pick (likewise 2048x16385: FP16's pick).
 MEASURED_BEST = {
     ("fp16", 8192, 4096): Config("rows", 4096, 2, 16),
     ("fp16", 4096, 8192): Config("rows", 8192, 2, 16, x16=True, pieces=2),
@@ -504,8 +504,8 @@ def test_same_phase_candidates_are_rows_v_apart():
     cfg = configs.same_phase_candidates(16385, 4, SPLIT)[0]
     assert configs.kernel_constexprs(cfg, 16384, 4, ALIGNED, True)["SAME_PHASE"] is False  # aligned rows: no phase
     assert configs.kernel_constexprs(configs.heuristic(16385, 2, SPLIT), 16385, 2, SPLIT, True)["SAME_PHASE"] is False
-    assert configs.measured_pick(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)  # TUNED's FP32
-    # tile before pieces
+    # TUNED's FP32 tile before pieces
+    assert configs.measured_pick(16385, 4, SPLIT) in configs.same_phase_candidates(16385, 4, SPLIT)
     for bad in (Config("chunked", 4096, same_phase=True), replace(cfg, persistent=True, stages=2, pdl=False)):
         with pytest.raises(ValueError, match="same_phase"):
             configs.validate(bad, 16385, 4, SPLIT)

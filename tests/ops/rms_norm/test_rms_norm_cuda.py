@@ -371,7 +371,7 @@ LAUNCH_CASES = {
     # cache hints on x and y
     "rows-split-hint-cg": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True, hint="cg")),
     "rows-aligned-hint-cs": (16384, None, Config("rows", 16384, 1, 8, hint="cs")),
-    # the tile normalized in two pieces, 16-bit x kept as loaded (x16 raises for FP32)
+    # the tile normalized in pieces, 16-bit x kept as loaded (x16 raises for FP32)
     "rows-split-pieces-x16": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True,
                                                   pieces=2, x16=True)),
     "rows-split-same-phase-pieces": (16385, None, Config("rows", 16384, 2, 16, row_edges=True, w_realign=True,

@@ -59,9 +59,10 @@ class Config:
                                # so they share their 16-byte phase and one w tile (SAME_PHASE)
     hint: str = ""             # rows kernel: cache hint on x's loads and y's stores ("cg",
                                # "evict_first", "cs"; HINT, kernels.py)
-    pieces: int = 1            # rows kernel: the tile normalized and stored in 1, 2 or 4 column pieces,
-                               # each loading its w just before (PIECES, kernels.py)
+    pieces: int = 1            # rows kernel: the tile normalized and stored in 1, 2, 4 or 8 column
+                               # pieces, each loading its w just before (PIECES, kernels.py)
     w_ahead: bool = False      # rows kernel: each piece's w loaded one piece early, the first with x
+                               # (W_AHEAD, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -293,11 +294,11 @@ def persistent_smem(config: Config, element_size: int, layout: str) -> int:
 
 
 def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Rows tiles that normalize and store their row in 2 or 4 column pieces (pieces), each piece's w loaded only
-    after the previous piece's stores, with and without 16-bit x kept as loaded across the row
-    reduction (x16); on the pick and its siblings over more warps, for 16-bit SPLIT rows also with
-    w realigned in registers instead of the shifted copies, and for 16-bit aligned rows of 65536 (a
-    chunked pick) one rows tile of 16 or 32 warps. Why: Nsight Compute found the rows tiles
+    """Rows tiles that normalize and store their row in 2 or 4 column pieces (pieces), each
+    piece's w loaded only after the previous piece's stores, with and without 16-bit x kept as
+    loaded across the row reduction (x16); on the pick and its siblings over more warps, for
+    16-bit SPLIT rows also with w realigned in registers instead of the shifted copies, and for
+    16-bit aligned rows of 65536 (a chunked pick) one rows tile of 16 or 32 warps. Why: Nsight Compute found the rows tiles
     latency-bound at one or two CTAs an SM (session 48), and w's tile is half of what a thread
     holds: in pieces, its registers are a piece's (sm_90a, CPU compile: FP16 rows[16384,1,w=16]
     realigned takes 88 registers, 63 in four pieces with x16, so two CTAs fit an SM). First run
@@ -332,9 +333,11 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Configs ``sweep.py --new`` times against the heuristic's pick and ATen, for 16-bit SPLIT
-    rows of 16385 (BF16 2048x16385 is the last suite case under 3.5 TB/s): the realigned tile in
-    eight pieces with w ahead under each cache hint and without w ahead; in four pieces with and
-    without w ahead over 8 and 16 warps; the shifted copies in eight pieces with w ahead."""
+    rows of 16385 (the suite's last cases under 3.5 TB/s): the realigned tile in eight pieces with
+    w ahead under each cache hint and without w ahead; in four pieces with and without w ahead
+    over 8 and 16 warps; the shifted copies in eight pieces with w ahead. Measured at 737ec73
+    (BENCHMARKS.md session 50): FP16 kept the shipped tile (37.7 us; the rest 38.4-40.3); BF16
+    read 38.3 in four pieces without w ahead against 38.6 for it (the rest 39.4-40.5)."""
     if element_size != 2 or layout != SPLIT or row_block(N, element_size, layout) != 16384:
         return []
     pick = heuristic(N, element_size, layout)

@@ -61,11 +61,15 @@ rms_norm_rows_kernel -- the row fits in registers (one pass, no loop).
   registers are a piece's; total registers move either way (sm_90a: FP16 rows[16384,1,w=8] 107
   in one piece, 113 in four; FP32 two same-phase rows of 16385 over 16 warps 128 and 16 bytes
   of spills in one, 125 and none in two). With X16 (configs.Config.x16) 16-bit x stays as
-  loaded until its piece is normalized (keep_16_bit). Measured (BENCHMARKS.md session 50): FP16
-  rows of 65536 as one 16-warp tile in two pieces with X16 ran at 3.8 TB/s where every earlier
-  layout stopped at 3.4; 16-bit rows of 16385 gained with w realigned in four pieces (its two w
-  vectors a run are what made it lose in one piece), FP32 rows of 16385 and 32769 in four pieces
-  over 32 warps.
+  loaded until its piece is normalized (keep_16_bit). With W_AHEAD (configs.Config.w_ahead) each
+  piece's w is loaded one piece early, the first piece's right after x's loads, so it is in flight
+  through the row reduction and each later one while the previous piece is stored: in pieces
+  without it, a tile makes its pieces' w round trips one after another. Measured (BENCHMARKS.md
+  session 50): FP16 rows of 65536 as one 16-warp tile in two pieces with X16 ran at 3.8 TB/s where
+  every earlier layout stopped at 3.4; 16-bit rows of 16385 gained with w realigned in pieces (its
+  two w vectors a run are what made it lose in one piece), most in eight with W_AHEAD (FP16 37.7
+  us against 39.2 for the shifted copies); FP32 rows of 16385 and 32769 gained in four pieces over
+  32 warps.
 
 rms_norm_chunked_kernel -- rows too long for registers (two passes, the second from L2).
   Persistent grid, a few programs per SM, each normalizing whole rows in turn. Tile [CHUNK],
@@ -383,7 +387,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                X16: tl.constexpr, W_AHEAD: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel. HINT marks x's loads and y's
     stores, read and written once: "" none, "cg" x not cached in L1, "cs" that and y stored as
-    streaming, "evict_first" both first out of L1. PIECES (1, 2 or 4): the body tile as that many
+    streaming, "evict_first" both first out of L1. PIECES (1, 2, 4 or 8): the body tile as that many
     column pieces, all loaded first, then normalized and stored piece by piece (PIECES in the
     header). X16: 16-bit x kept as loaded across the row reduction (keep_16_bit). W_AHEAD: each
     piece's w loaded one piece early, the first piece's with x (PIECES in the header)."""
