@@ -64,7 +64,9 @@ rms_norm_rows_kernel -- the row fits in registers (one pass, no loop).
   loaded until its piece is normalized (keep_16_bit). With W_AHEAD (configs.Config.w_ahead) each
   piece's w is loaded one piece early, the first piece's right after x's loads, so it is in flight
   through the row reduction and each later one while the previous piece is stored: in pieces
-  without it, a tile makes its pieces' w round trips one after another. Measured (BENCHMARKS.md
+  without it, a tile makes its pieces' w round trips one after another. Without W_AHEAD, x * rstd
+  is computed before w is loaded: the other order spills FP32 rows[32768,1,w=32] (16 bytes, 3 %
+  slower on the H200). Measured (BENCHMARKS.md
   session 50): FP16 rows of 65536 as one 16-warp tile in two pieces with X16 ran at 3.8 TB/s where
   every earlier layout stopped at 3.4; 16-bit rows of 16385 gained with w realigned in pieces (its
   two w vectors a run are what made it lose in one piece), most in eight with W_AHEAD (FP16 37.7
@@ -367,15 +369,6 @@ def _piece_w(W, mask, cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N:
     return w
 
 
-@triton.jit
-def _store_piece(Y, x, w, mask, rstd, cols, y_start, HAS_W: tl.constexpr, X16: tl.constexpr,
-                 Y_CACHE: tl.constexpr, EVICT: tl.constexpr):
-    """y = x * rstd (* w) on columns ``cols`` of the tile's row bodies, stored."""
-    y = keep_16_bit(x, X16).to(tl.float32) * rstd[:, None]
-    if HAS_W:
-        y = y * w.to(tl.float32)
-    tl.store(Y + y_start[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, cache_modifier=Y_CACHE,
-             eviction_policy=EVICT)
 
 
 @triton.jit
@@ -451,18 +444,22 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     for p in tl.static_range(PIECES):
         piece_cols = cols + p * PIECE_N
         piece_mask = row_ok[:, None] & (piece_cols[None, :] < body_len[:, None])
-        w = 1.0
-        if HAS_W:
-            if W_AHEAD:
-                w = w_next
-                if p + 1 < PIECES:
-                    w_next = _piece_w(W, row_ok[:, None] & ((piece_cols + PIECE_N)[None, :] < body_len[:, None]),
-                                      piece_cols + PIECE_N, tile, s, body_start, n_cols, N, stride_row, PIECE_N,
-                                      ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
-            else:
+        if HAS_W and W_AHEAD:  # this piece's w arrived a piece ago; the next one's goes out first
+            w = w_next
+            if p + 1 < PIECES:
+                w_next = _piece_w(W, row_ok[:, None] & ((piece_cols + PIECE_N)[None, :] < body_len[:, None]),
+                                  piece_cols + PIECE_N, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
+                                  V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+            y = keep_16_bit(xs[p], X16).to(tl.float32) * rstd[:, None] * w.to(tl.float32)
+        else:
+            # x * rstd before w's load: the other order spills FP32 rows[32768,1,w=32] (16 bytes)
+            y = keep_16_bit(xs[p], X16).to(tl.float32) * rstd[:, None]
+            if HAS_W:
                 w = _piece_w(W, piece_mask, piece_cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
                              V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
-        _store_piece(Y, xs[p], w, piece_mask, rstd, piece_cols, y_start, HAS_W, X16, Y_CACHE, EVICT)
+                y = y * w.to(tl.float32)
+        tl.store(Y + y_start[:, None] + piece_cols[None, :], y.to(Y.dtype.element_ty), mask=piece_mask,
+                 cache_modifier=Y_CACHE, eviction_policy=EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
