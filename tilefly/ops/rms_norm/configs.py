@@ -170,23 +170,30 @@ TUNED: dict[tuple[int, str, int], Config] = {
 }
 
 
-# TUNED's entries before session 50's pieces replaced them: the tiles the older candidate lists
-# (tried, persistent, hint, pieces) were built from and measured against.
-BEFORE_PIECES: dict[tuple[int, str, int], Config] = {
-    (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),
-    (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),
-    (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),
-    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),
-    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),
-    (4, SPLIT, 16384): Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True),
-    (4, SPLIT, 32768): Config("rows", 32768, 1, 16),
+# TUNED's entries as they were before a change replaced them, by change: the tiles older candidate
+# lists were built from and measured against ("pieces": the tried, persistent, hint and pieces
+# lists; "w_ahead": the w_ahead list).
+EARLIER_PICKS: dict[str, dict[tuple[int, str, int], Config]] = {
+    "pieces": {
+        (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),
+        (2, ALIGNED, 16384): Config("rows", 16384, 1, 8),
+        (2, ALIGNED, 65536): Config("chunked", 16384, 1, 16, 1, 2),
+        (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),
+        (2, SPLIT, 16384): Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True),
+        (4, SPLIT, 16384): Config("rows", 16384, 2, 16, row_edges=True, w_realign=True, same_phase=True),
+        (4, SPLIT, 32768): Config("rows", 32768, 1, 16),
+    },
+    "w_ahead": {
+        (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
+        (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4),
+    },
 }
 
 
-def measured_pick(N: int, element_size: int, layout: str) -> Config:
-    """The heuristic's pick as it was before pieces (``BEFORE_PIECES``)."""
+def measured_pick(N: int, element_size: int, layout: str, before: str = "pieces") -> Config:
+    """The heuristic's pick as it was before ``before`` changed it (``EARLIER_PICKS``)."""
     key = (element_size, layout, row_block(N, element_size, layout))
-    return BEFORE_PIECES.get(key) or heuristic(N, element_size, layout)
+    return EARLIER_PICKS[before].get(key) or heuristic(N, element_size, layout)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -350,15 +357,6 @@ def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
 
 
-_BEFORE_W_AHEAD = {(2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
-                   (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4)}
-
-
-def _pre_w_ahead_pick(N: int, element_size: int, layout: str) -> Config:
-    key = (element_size, layout, row_block(N, element_size, layout))
-    return _BEFORE_W_AHEAD.get(key) or heuristic(N, element_size, layout)
-
-
 def w_ahead_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     """Every rows pick (as it was at c320772) with
     w_ahead (each piece's w loaded one piece early, the first piece's with x), and for 16-bit SPLIT
@@ -368,7 +366,7 @@ def w_ahead_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     row is reduced. Measured at c320772 (BENCHMARKS.md session 50): FP16 2048x16385 37.7 us in eight
     pieces with w ahead against 38.6 (BF16 38.9 against 38.6), FP32 2048x32769 140.6 against 142.9,
     so TUNED has it there; elsewhere it tied or lost (FP16 2048x65536 150.8 against 140.0)."""
-    pick = _pre_w_ahead_pick(N, element_size, layout)
+    pick = measured_pick(N, element_size, layout, before="w_ahead")
     if pick.kernel != "rows" or layout == GENERIC:
         return []
     out = [replace(pick, w_ahead=True)]

@@ -343,6 +343,12 @@ def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.const
 
 
 @triton.jit
+def _body_mask(row_ok, cols, body_len):
+    """[ROWS, len(cols)] mask: the row exists and the column lies in its body."""
+    return row_ok[:, None] & (cols[None, :] < body_len[:, None])
+
+
+@triton.jit
 def _piece_w(W, mask, cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N: tl.constexpr, ROWS: tl.constexpr,
              V: tl.constexpr, SPLIT: tl.constexpr, W_SHIFT: tl.constexpr, W_REALIGN: tl.constexpr,
              W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
@@ -414,7 +420,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     xs = ()  # the pieces as loaded, all in flight together
     for p in tl.static_range(PIECES):
         x = tl.load(X + body_start[:, None] + (cols + p * PIECE_N)[None, :],
-                    mask=row_ok[:, None] & ((cols + p * PIECE_N)[None, :] < body_len[:, None]), other=0.0,
+                    mask=_body_mask(row_ok, cols + p * PIECE_N, body_len), other=0.0,
                     cache_modifier=X_CACHE, eviction_policy=EVICT)
         xs = xs + (x,)
         xf = x.to(tl.float32)
@@ -423,8 +429,8 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
         else:
             sq += xf * xf
     if W_AHEAD and HAS_W:  # the first piece's w in flight with x, through the row reduction
-        w_next = _piece_w(W, row_ok[:, None] & (cols[None, :] < body_len[:, None]), cols, tile, s, body_start,
-                          n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+        w_next = _piece_w(W, _body_mask(row_ok, cols, body_len), cols, tile, s, body_start, n_cols, N, stride_row,
+                          PIECE_N, ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
     sumsq = tl.sum(sq, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -443,13 +449,13 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     # so the next piece's w is in flight while this one is normalized and stored.
     for p in tl.static_range(PIECES):
         piece_cols = cols + p * PIECE_N
-        piece_mask = row_ok[:, None] & (piece_cols[None, :] < body_len[:, None])
+        piece_mask = _body_mask(row_ok, piece_cols, body_len)
         if HAS_W and W_AHEAD:  # this piece's w arrived a piece ago; the next one's goes out first
             w = w_next
             if p + 1 < PIECES:
-                w_next = _piece_w(W, row_ok[:, None] & ((piece_cols + PIECE_N)[None, :] < body_len[:, None]),
-                                  piece_cols + PIECE_N, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
-                                  V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+                w_next = _piece_w(W, _body_mask(row_ok, piece_cols + PIECE_N, body_len), piece_cols + PIECE_N,
+                                  tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, W_SHIFT,
+                                  W_REALIGN, W_PDL, SAME_PHASE)
             y = keep_16_bit(xs[p], X16).to(tl.float32) * rstd[:, None] * w.to(tl.float32)
         else:
             # x * rstd before w's load: the other order spills FP32 rows[32768,1,w=32] (16 bytes)
