@@ -201,6 +201,22 @@ def keep_16_bit(x, X16: tl.constexpr):
         return x
 
 
+# BF16 to FP32 of a register holding two values: the low one shifted up, the high one masked.
+# LLVM's conversion extracts the high value first (PRMT, then a shift): three instructions a pair
+# where these take two, as HADD2.F32 does for FP16 (sm_90a, BF16 rows[16384,1,w=8] in eight
+# pieces: 848 instructions a thread, 784 with this).
+_BF16_PAIR_TO_FP32 = tl.constexpr("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0000; }")
+
+
+@triton.jit
+def to_fp32(x):
+    """x as FP32; BF16 tiles of whole pairs a thread through _BF16_PAIR_TO_FP32."""
+    if x.dtype == tl.bfloat16 and not _INTERPRETED:
+        return tl.inline_asm_elementwise(_BF16_PAIR_TO_FP32, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return x.to(tl.float32)
+
+
 @triton.jit
 def _edge_lanes(s, body_start, body_len, N, V: tl.constexpr):
     """Offsets and mask of a SPLIT row's head [s, body_start) and tail [body_end, s+N), as one
@@ -423,24 +439,38 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                     mask=_body_mask(row_ok, cols + p * PIECE_N, body_len), other=0.0,
                     cache_modifier=X_CACHE, eviction_policy=EVICT)
         xs = xs + (x,)
-        xf = x.to(tl.float32)
+        xf = to_fp32(x)
         if p == 0:
             sq = xf * xf
         else:
             sq += xf * xf
+    # The edges' loads go out with the body's: issued after the row reduction, their round trip
+    # (lines no body load brought in) would follow it on every tile's critical path.
+    if SPLIT and ROW_EDGES:
+        x_edges = ()
+        w_edges = ()
+        for r in tl.static_range(ROWS):
+            row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
+            e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
+            x_edges = x_edges + (tl.load(X + e_pos, mask=e_mask, other=0.0),)
+            if HAS_W:
+                w_edges = w_edges + (tl.load(W + (e_pos - tl.cast(row, tl.int64) * stride_row), mask=e_mask,
+                                             other=0.0),)
+    elif SPLIT:
+        e_pos, e_mask = _edge_lanes(s[:, None], body_start[:, None], body_len[:, None], N, V)
+        e_mask = e_mask & row_ok[:, None]
+        xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            we = tl.load(W + (e_pos - s[:, None]), mask=e_mask, other=0.0)
     if W_AHEAD and HAS_W:  # the first piece's w in flight with x, through the row reduction
         w_next = _piece_w(W, _body_mask(row_ok, cols, body_len), cols, tile, s, body_start, n_cols, N, stride_row,
                           PIECE_N, ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
     sumsq = tl.sum(sq, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
-            xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
+            xe = x_edges[r].to(tl.float32)
             sumsq += tl.where(tl.arange(0, ROWS) == r, tl.sum(xe * xe, axis=0), 0.0)
     elif SPLIT:
-        e_pos, e_mask = _edge_lanes(s[:, None], body_start[:, None], body_len[:, None], N, V)
-        e_mask = e_mask & row_ok[:, None]
-        xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
         sumsq += tl.sum(xe * xe, axis=1)
     rstd = tl.math.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
@@ -456,30 +486,27 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                 w_next = _piece_w(W, _body_mask(row_ok, piece_cols + PIECE_N, body_len), piece_cols + PIECE_N,
                                   tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, W_SHIFT,
                                   W_REALIGN, W_PDL, SAME_PHASE)
-            y = keep_16_bit(xs[p], X16).to(tl.float32) * rstd[:, None] * w.to(tl.float32)
+            y = to_fp32(keep_16_bit(xs[p], X16)) * rstd[:, None] * to_fp32(w)
         else:
             # x * rstd before w's load: the other order spills FP32 rows[32768,1,w=32] (16 bytes)
-            y = keep_16_bit(xs[p], X16).to(tl.float32) * rstd[:, None]
+            y = to_fp32(keep_16_bit(xs[p], X16)) * rstd[:, None]
             if HAS_W:
                 w = _piece_w(W, piece_mask, piece_cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
                              V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
-                y = y * w.to(tl.float32)
+                y = y * to_fp32(w)
         tl.store(Y + y_start[:, None] + piece_cols[None, :], y.to(Y.dtype.element_ty), mask=piece_mask,
                  cache_modifier=Y_CACHE, eviction_policy=EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
-            row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
-            e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
-            xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)  # again: an L1 hit
-            ye = xe * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)
+            e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
+            ye = x_edges[r].to(tl.float32) * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)
             if HAS_W:
-                w_pos = e_pos - tl.cast(row, tl.int64) * stride_row
-                ye = ye * tl.load(W + w_pos, mask=e_mask, other=0.0).to(tl.float32)
+                ye = ye * w_edges[r].to(tl.float32)
             tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
     elif SPLIT:
         ye = xe * rstd[:, None]
         if HAS_W:
-            ye = ye * tl.load(W + (e_pos - s[:, None]), mask=e_mask, other=0.0).to(tl.float32)
+            ye = ye * we.to(tl.float32)
         tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
 
 
