@@ -144,8 +144,12 @@ def test_sweep_candidates_are_valid_and_start_with_the_heuristic(N, size, layout
 
 def test_compile_specs_cover_every_tuned_config_each_dtype_layout_and_kernel():
     specs = configs.compile_specs()
-    assert 20 <= len(specs) <= 60
+    assert 20 <= len(specs) <= 64
     assert len({s.name for s in specs}) == len(specs)
+    # BF16 converts whole pairs a thread where it can (kernels.to_fp32): each layout's shortest rows
+    for layout, N in ((GENERIC, 1), (ALIGNED, 8), (SPLIT, configs.SPLIT_MIN_N + 1)):
+        cfg = configs.heuristic(N, 2, layout)
+        assert any(s.name == f"rms_norm.rows[bf16,{layout},{cfg}]" for s in specs), (layout, N)
     for (size, layout, _), cfg in configs.TUNED.items():
         dtype = "fp16" if size == 2 else "fp32"
         assert any(s.name.startswith(f"rms_norm.{cfg.kernel}[{dtype},{layout},{cfg}") for s in specs), cfg

@@ -157,9 +157,12 @@ drops it otherwise). Cost: the second vector and the shift's registers (FP16 row
 Row edges (ROW_EDGES, the rows kernel; configs.Config.row_edges): the [ROWS, 2V] head/tail
 tile takes the rows tile's layout (8 lanes a thread, replicated across the CTA): ~200
 instructions a thread whatever the tile. ROW_EDGES instead handles each row's edges from its
-scalar row index (a [2V] tile Triton spreads a lane a thread), reloading x's edge lanes for the
-output (L1 hits). SASS, FP16 rows[4096,1,w=4]: 8 LDG.128 + 3 LDG.U16, 416 instructions with
-both (544 with W_SHIFT alone); FP32: 384 against 488.
+scalar row index (a [2V] tile Triton spreads a lane a thread). SASS, FP16 rows[4096,1,w=4]: 8
+LDG.128 + 3 LDG.U16, 416 instructions with both (544 with W_SHIFT alone); FP32: 384 against 488.
+Either way the edges' x is loaded right after the body's and kept for the output: loaded after
+the row reduction (as up to 72fc4ba), its round trip (lines no body load touched, so usually
+DRAM) came after the reduction's on every tile's path. On the H200 (BENCHMARKS.md session 51)
+moving it took FP16 2048x16385 from 38.6 to 37.6 us and FP32 from 72.7 to 71.5.
 Same-phase rows (SAME_PHASE, the rows kernel, SPLIT rows; configs.Config.same_phase): row r starts
 r*N elements in, so rows V apart start at the same 16-byte phase c0 and read w from the same column
 offset. With SAME_PHASE a tile's ROWS rows are V apart (tile t of group t // V takes rows t % V,
@@ -209,9 +212,11 @@ _BF16_PAIR_TO_FP32 = tl.constexpr("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0
 
 
 @triton.jit
-def to_fp32(x):
-    """x as FP32; BF16 tiles of whole pairs a thread through _BF16_PAIR_TO_FP32."""
-    if x.dtype == tl.bfloat16 and not _INTERPRETED:
+def to_fp32(x, PAIRS: tl.constexpr):
+    """x as FP32; with PAIRS (every thread holds x in 16-byte runs: ALIGNED and SPLIT tiles), BF16
+    through _BF16_PAIR_TO_FP32, which needs whole pairs a thread (a GENERIC tile of rows of one
+    value has one a thread, and the asm would not compile)."""
+    if x.dtype == tl.bfloat16 and PAIRS and not _INTERPRETED:
         return tl.inline_asm_elementwise(_BF16_PAIR_TO_FP32, "=r,=r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
     else:
         return x.to(tl.float32)
@@ -239,6 +244,14 @@ def _row_edge_lanes(row, M, N, stride_row, V: tl.constexpr):
     body_start = (s + V - 1) // V * V
     pos, mask = _edge_lanes(s, body_start, (s + N) // V * V - body_start, N, V)
     return pos, mask & (row < M)
+
+
+@triton.jit
+def _row_edge_w(W, e_pos, e_mask, tile, r, stride_row, ROWS: tl.constexpr, V: tl.constexpr,
+                SAME_PHASE: tl.constexpr):
+    """w at the edge lanes ``e_pos`` of the tile's r-th row (``_row_edge_lanes``)."""
+    row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
+    return tl.load(W + (e_pos - tl.cast(row, tl.int64) * stride_row), mask=e_mask, other=0.0)
 
 
 @triton.jit
@@ -410,6 +423,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
     Y_CACHE: tl.constexpr = ".cs" if HINT == "cs" else ""
     EVICT: tl.constexpr = "evict_first" if HINT == "evict_first" else ""
     PIECE_N: tl.constexpr = BLOCK_N // PIECES
+    PAIRS: tl.constexpr = ALIGNED or SPLIT  # x and w in 16-byte runs a thread (to_fp32)
     rows = _tile_row(tile, tl.arange(0, ROWS), ROWS, V, SAME_PHASE)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -439,28 +453,29 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                     mask=_body_mask(row_ok, cols + p * PIECE_N, body_len), other=0.0,
                     cache_modifier=X_CACHE, eviction_policy=EVICT)
         xs = xs + (x,)
-        xf = to_fp32(x)
+        xf = to_fp32(x, PAIRS)
         if p == 0:
             sq = xf * xf
         else:
             sq += xf * xf
-    # The edges' loads go out with the body's: issued after the row reduction, their round trip
-    # (lines no body load brought in) would follow it on every tile's critical path.
+    # SPLIT rows: the edges' x goes out with the body's (issued after the row reduction, its round
+    # trip, to lines no body load brought in, would follow it on every tile's path), their w too
+    # with W_AHEAD (without it, w's edges load at the end: FP16 rows[8192,1,w=4] with the copies
+    # takes 126 registers with them early, 96 without).
+    W_EDGES_EARLY: tl.constexpr = HAS_W and W_AHEAD
     if SPLIT and ROW_EDGES:
         x_edges = ()
         w_edges = ()
         for r in tl.static_range(ROWS):
-            row = _tile_row(tile, r, ROWS, V, SAME_PHASE)
-            e_pos, e_mask = _row_edge_lanes(row, M, N, stride_row, V)
+            e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
             x_edges = x_edges + (tl.load(X + e_pos, mask=e_mask, other=0.0),)
-            if HAS_W:
-                w_edges = w_edges + (tl.load(W + (e_pos - tl.cast(row, tl.int64) * stride_row), mask=e_mask,
-                                             other=0.0),)
+            if W_EDGES_EARLY:
+                w_edges = w_edges + (_row_edge_w(W, e_pos, e_mask, tile, r, stride_row, ROWS, V, SAME_PHASE),)
     elif SPLIT:
         e_pos, e_mask = _edge_lanes(s[:, None], body_start[:, None], body_len[:, None], N, V)
         e_mask = e_mask & row_ok[:, None]
         xe = tl.load(X + e_pos, mask=e_mask, other=0.0).to(tl.float32)
-        if HAS_W:
+        if W_EDGES_EARLY:
             we = tl.load(W + (e_pos - s[:, None]), mask=e_mask, other=0.0)
     if W_AHEAD and HAS_W:  # the first piece's w in flight with x, through the row reduction
         w_next = _piece_w(W, _body_mask(row_ok, cols, body_len), cols, tile, s, body_start, n_cols, N, stride_row,
@@ -486,27 +501,31 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                 w_next = _piece_w(W, _body_mask(row_ok, piece_cols + PIECE_N, body_len), piece_cols + PIECE_N,
                                   tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, W_SHIFT,
                                   W_REALIGN, W_PDL, SAME_PHASE)
-            y = to_fp32(keep_16_bit(xs[p], X16)) * rstd[:, None] * to_fp32(w)
+            y = to_fp32(keep_16_bit(xs[p], X16), PAIRS) * rstd[:, None] * to_fp32(w, PAIRS)
         else:
             # x * rstd before w's load: the other order spills FP32 rows[32768,1,w=32] (16 bytes)
-            y = to_fp32(keep_16_bit(xs[p], X16)) * rstd[:, None]
+            y = to_fp32(keep_16_bit(xs[p], X16), PAIRS) * rstd[:, None]
             if HAS_W:
                 w = _piece_w(W, piece_mask, piece_cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
                              V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
-                y = y * to_fp32(w)
+                y = y * to_fp32(w, PAIRS)
         tl.store(Y + y_start[:, None] + piece_cols[None, :], y.to(Y.dtype.element_ty), mask=piece_mask,
                  cache_modifier=Y_CACHE, eviction_policy=EVICT)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
             e_pos, e_mask = _row_edge_lanes(_tile_row(tile, r, ROWS, V, SAME_PHASE), M, N, stride_row, V)
             ye = x_edges[r].to(tl.float32) * tl.sum(tl.where(tl.arange(0, ROWS) == r, rstd, 0.0), axis=0)
-            if HAS_W:
+            if W_EDGES_EARLY:
                 ye = ye * w_edges[r].to(tl.float32)
+            elif HAS_W:
+                ye = ye * _row_edge_w(W, e_pos, e_mask, tile, r, stride_row, ROWS, V, SAME_PHASE).to(tl.float32)
             tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
     elif SPLIT:
         ye = xe * rstd[:, None]
-        if HAS_W:
+        if W_EDGES_EARLY:
             ye = ye * we.to(tl.float32)
+        elif HAS_W:
+            ye = ye * tl.load(W + (e_pos - s[:, None]), mask=e_mask, other=0.0).to(tl.float32)
         tl.store(Y + e_pos, ye.to(Y.dtype.element_ty), mask=e_mask)
 
 
