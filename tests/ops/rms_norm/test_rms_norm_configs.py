@@ -144,7 +144,7 @@ def test_sweep_candidates_are_valid_and_start_with_the_heuristic(N, size, layout
 
 def test_compile_specs_cover_every_tuned_config_each_dtype_layout_and_kernel():
     specs = configs.compile_specs()
-    assert 20 <= len(specs) <= 64
+    assert 20 <= len(specs) <= 70
     assert len({s.name for s in specs}) == len(specs)
     # BF16 converts whole pairs a thread where it can (kernels.to_fp32): each layout's shortest rows
     for layout, N in ((GENERIC, 1), (ALIGNED, 8), (SPLIT, configs.SPLIT_MIN_N + 1)):
@@ -584,3 +584,17 @@ def test_new_and_pieces_candidates_fit_and_sit_in_the_full_sweep():
     assert {c.kernel for c in configs.pieces_candidates(65536, 2, ALIGNED)} == {"rows"}
     assert configs.measured_pick(65536, 2, ALIGNED).kernel == "chunked"
     assert configs.heuristic(65536, 2, ALIGNED) == configs.TUNED[(2, ALIGNED, 65536)]
+
+
+def test_w_branch_is_for_realigned_tiles_of_one_phase():
+    cfg = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True, w_branch=True)
+    assert str(cfg).endswith("[w-ahead][w-branch]")
+    configs.validate(cfg, 16385, 2, SPLIT)
+    configs.validate(Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, w_branch=True),
+                     16385, 4, SPLIT)
+    assert configs.kernel_constexprs(cfg, 16385, 2, SPLIT, True)["W_BRANCH"] is True
+    assert configs.kernel_constexprs(cfg, 16385, 2, SPLIT, False)["W_BRANCH"] is False   # no w to shift
+    assert configs.kernel_constexprs(cfg, 16384, 2, ALIGNED, True)["W_BRANCH"] is False  # aligned w
+    for bad in (replace(cfg, w_realign=False), replace(cfg, rows=2), replace(cfg, persistent=True)):
+        with pytest.raises(ValueError, match="w_branch"):
+            configs.validate(bad, 16385, 2, SPLIT)

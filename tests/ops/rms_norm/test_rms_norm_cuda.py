@@ -388,6 +388,12 @@ LAUNCH_CASES = {
     "rows-split-w-shift-pdl-w-ahead": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True,
                                                            pieces=2, w_ahead=True)),
     "rows-aligned-w-ahead": (8192, None, Config("rows", 8192, 2, 16, x16=True, pieces=2, w_ahead=True)),
+    # a code path for each 16-byte phase (M = 37: every phase)
+    "rows-split-w-branch": (4097, None, Config("rows", 4096, 1, 4, row_edges=True, w_realign=True, w_branch=True)),
+    "rows-split-w-branch-8-pieces-w-ahead": (16385, None, Config("rows", 16384, 1, 8, row_edges=True, w_realign=True,
+                                                                 pieces=8, w_ahead=True, w_branch=True)),
+    "rows-split-same-phase-w-branch": (16385, None, Config("rows", 16384, 2, 32, row_edges=True, w_realign=True,
+                                                           same_phase=True, pieces=4, w_branch=True)),
     # the rows kernel as a programmatic dependent of the copies' kernel
     "rows-split-w-shift-pdl": (16385, None, Config("rows", 16384, 1, 8, w_shift=True, row_edges=True, pdl=True)),
     "rows-split-w-shift-pdl-packed": (1001, None, Config("rows", 1024, 4, 4, w_shift=True, row_edges=True, pdl=True)),

@@ -81,9 +81,9 @@ def test_unaligned_pointers_leave_the_fast_path_for_their_own_kernel(recorded):
     layouts = [key[3] for key in jit]
     assert layouts == [configs.ALIGNED, configs.GENERIC]          # one kernel each, compiled once
     # ALIGNED, not SPLIT, HAS_W, none of W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, PERSISTENT; STAGES 1; not
-    # SAME_PHASE; no cache hint; one piece, x not kept 16-bit, w not loaded ahead
-    assert plan.fast is not None and plan.fast[-1][-14:] == (True, False, True, False, False, False, False, False, 1,
-                                                             False, "", 1, False, False)
+    # SAME_PHASE; no cache hint; one piece, x not kept 16-bit, w not loaded ahead, no phase branches
+    assert plan.fast is not None and plan.fast[-1][-15:] == (True, False, True, False, False, False, False, False, 1,
+                                                             False, "", 1, False, False, False)
     # first aligned and first shifted launches went to the (fake) JIT
     assert [c[HEAD] for c in calls] == [aligned.data_ptr(), aligned.data_ptr(), shifted.data_ptr()]
 

@@ -63,6 +63,8 @@ class Config:
                                # pieces, each loading its w just before (PIECES, kernels.py)
     w_ahead: bool = False      # rows kernel: each piece's w loaded one piece early, the first with x
                                # (W_AHEAD, kernels.py)
+    w_branch: bool = False     # rows kernel, w_realign, one row a tile or same_phase: a code path for
+                               # each 16-byte phase, so w's shift is fixed (W_BRANCH, kernels.py)
 
     def __str__(self) -> str:
         if self.kernel == "rows":
@@ -92,6 +94,8 @@ class Config:
             text += f"[pieces={self.pieces}]"
         if self.w_ahead:
             text += "[w-ahead]"
+        if self.w_branch:
+            text += "[w-branch]"
         if self.persistent:
             text += f"[persistent,stages={self.stages},per_sm={self.programs_per_sm}]"
         return text if self.split else text + "[no-split]"
@@ -243,6 +247,9 @@ def validate(config: Config, N: int, element_size: int, layout: str) -> None:
         raise ValueError(f"{config}: pieces is 1, 2, 4 or 8, and more than 1 only for the rows kernel")
     if config.w_ahead and config.kernel != "rows":
         raise ValueError(f"{config}: w_ahead is a rows-kernel schedule")
+    if config.w_branch and (not config.w_realign or config.persistent or (config.rows > 1 and not config.same_phase)):
+        raise ValueError(f"{config}: w_branch fixes w_realign's shift for tiles of one phase (one row or "
+                         f"same_phase; not persistent)")
     if config.pieces > 1 and not _fits(config, element_size):
         # a piece must give every thread a whole 16-byte run: with less, Triton's layout holds
         # fewer values a thread, and W_REALIGN's shift (V values an instance) mixes two runs
@@ -285,6 +292,7 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
                               + hint_candidates(N, element_size, layout)
                               + pieces_candidates(N, element_size, layout)
                               + w_ahead_candidates(N, element_size, layout)
+                              + split_16385_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -339,12 +347,32 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen, for 16-bit SPLIT
-    rows of 16385 (the suite's last cases under 3.5 TB/s): the realigned tile in eight pieces with
-    w ahead under each cache hint and without w ahead; in four pieces with and without w ahead
-    over 8 and 16 warps; the shifted copies in eight pieces with w ahead. Measured at 737ec73
-    (BENCHMARKS.md session 50): FP16 kept the shipped tile (37.7 us; the rest 38.4-40.3); BF16
-    read 38.3 in four pieces without w ahead against 38.6 for it (the rest 39.4-40.5)."""
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: w_branch (a code path
+    for each 16-byte phase, so w's realigning shift is fixed at compile time: no selects, moves
+    ptxas folds away, or four byte permutes a run for odd 16-bit phases) on every SPLIT rows pick
+    with w realigned, and on the other one-row SPLIT picks realigned; for 16-bit rows of 16385 on
+    the realigned tile in 4 or 8 pieces, w ahead or not, over 8 or 16 warps. Why: the realigning
+    shift is ~19 instructions a 16-byte run (sm_90a, FP16 rows[16384,1,w=8] in eight pieces: 792 a
+    thread), and these tiles wait on their instructions between loads."""
+    pick = heuristic(N, element_size, layout)
+    if layout != SPLIT or pick.kernel != "rows" or pick.persistent or (pick.rows > 1 and not pick.same_phase):
+        return []
+    out = [replace(pick, w_shift=False, pdl=False, w_realign=True, row_edges=True, w_branch=True)]
+    if element_size == 2 and row_block(N, element_size, layout) == 16384:
+        realigned = Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, w_branch=True)
+        out += [replace(realigned, pieces=pieces, w_ahead=ahead) for pieces in (4, 8) for ahead in (False, True)]
+        out += [replace(realigned, num_warps=16, pieces=4, w_ahead=ahead) for ahead in (False, True)]
+    return [cfg for cfg in dict.fromkeys(out) if cfg != pick and _fits(cfg, element_size)]
+
+
+def split_16385_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """For 16-bit SPLIT rows of 16385 (the suite's last cases under 3.5 TB/s at 737ec73): the
+    realigned tile in eight pieces with w ahead under each cache hint and without w ahead; in
+    four pieces with and without w ahead over 8 and 16 warps; the shifted copies in eight pieces
+    with w ahead. Measured at 737ec73 (BENCHMARKS.md session 50): FP16 kept the shipped tile (37.7
+    us; the rest 38.4-40.3); BF16 read 38.3 in four pieces without w ahead against 38.6 for it
+    (the rest 39.4-40.5). Again at 23d5bc3 (the edges' loads early, session 51): both kept it
+    (FP16 37.6 us, BF16 37.3; the rest 38.4-43.0)."""
     if element_size != 2 or layout != SPLIT or row_block(N, element_size, layout) != 16384:
         return []
     pick = heuristic(N, element_size, layout)
@@ -579,7 +607,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "SAME_PHASE": config.same_phase and layout == SPLIT,
                 "HINT": config.hint, "PIECES": config.pieces,
                 "X16": config.x16 and element_size == 2,
-                "W_AHEAD": config.w_ahead and has_w} if config.kernel == "rows" else {}),
+                "W_AHEAD": config.w_ahead and has_w,
+                "W_BRANCH": config.w_branch and layout == SPLIT and has_w} if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -698,6 +727,9 @@ def compile_specs():
         for cfg in persistent_candidates(N, _ELEMENT_SIZE[dtype], layout):
             if cfg.programs_per_sm == 1:
                 add(dtype, layout, cfg, N)
+    # w's shift fixed by a code path per phase (sweep.py --new)
+    add("fp16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], w_branch=True), 16385)
+    add("fp32", SPLIT, replace(TUNED[(4, SPLIT, 16384)], w_branch=True), 16385)
     # cache hints on x and y (sweep.py --new)
     for hint in HINTS:
         add("fp16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], hint=hint), 16385)
@@ -857,8 +889,13 @@ def interpreter_checks():
                              ("bf16", 9, 1001, Config("rows", 1024, 2, 1, w_shift=True, row_edges=True, pdl=True,
                                                       pieces=4, w_ahead=True)),
                              ("fp16", 5, 200, Config("rows", 512, 1, 1, pieces=2, w_ahead=True)),
-                             ("fp32", 6, 256, Config("rows", 256, 2, 1, w_ahead=True))):
-        cases.append((f"rows-pieces{'-x16' * cfg.x16}{'-w-ahead' * cfg.w_ahead}"
+                             ("fp32", 6, 256, Config("rows", 256, 2, 1, w_ahead=True)),
+                             # w_branch: every phase (odd N, 8+ rows), one row a tile or same-phase rows
+                             ("bf16", 17, 1001, Config("rows", 1024, 1, 1, row_edges=True, w_realign=True, pieces=4,
+                                                       w_ahead=True, w_branch=True)),
+                             ("fp32", 13, 1001, Config("rows", 1024, 2, 1, row_edges=True, w_realign=True,
+                                                       same_phase=True, pieces=2, w_branch=True))):
+        cases.append((f"rows-pieces{'-x16' * cfg.x16}{'-w-ahead' * cfg.w_ahead}{'-w-branch' * cfg.w_branch}"
                       f"[{dtype},M={M},N={N},BLOCK_N={cfg.block},{cfg.pieces}]",
                       (dtype, M, N, True, cfg)))
     cases.append(("rows-x16[bf16,N=1001,no-w]", ("bf16", 4, 1001, False, Config("rows", 1024, 1, 4, x16=True))))

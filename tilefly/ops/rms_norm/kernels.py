@@ -297,17 +297,53 @@ selp.b32 $0, t1, t0, p1; selp.b32 $1, t2, t1, p1; selp.b32 $2, t3, t2, p1; selp.
 }""")
 _REALIGN_16_OPERANDS = tl.constexpr("=r,=r,=r,=r" + ",r" * 16)  # out; lo, hi (2 values a register); c0 x 8
 _REALIGN_32_OPERANDS = tl.constexpr("=r,=r,=r,=r" + ",r" * 12)  # out; lo, hi; c0 x 4
+_PHASE_SHIFT_OPERANDS = tl.constexpr("=r,=r,=r,=r" + ",r" * 8)  # out; lo, hi
+
+
+@triton.constexpr_function
+def _phase_shift(V, phase):
+    """W_BRANCH's PTX for a known c0 = ``phase`` (> 0): the words of w[j+c0 : j+c0+V] taken from
+    lo ($4-$7) and hi ($8-$11) as they are (moves, which ptxas folds away) or, for 16-bit and
+    odd c0, as the high half of one word and the low half of the next (prmt 0x5432)."""
+    words = []
+    for i in range(4):
+        if V == 8 and phase % 2:
+            a = 4 + phase // 2 + i
+            words.append(f"prmt.b32 ${i}, ${a}, ${a + 1}, 0x5432;")
+        else:
+            words.append(f"mov.b32 ${i}, ${4 + (phase // 2 if V == 8 else phase) + i};")
+    return "{ " + " ".join(words) + " }"
 
 
 @triton.jit
-def _realigned_w(W, c0, cols, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, V: tl.constexpr):
+def _realigned_w(W, c0, cols, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, V: tl.constexpr,
+                 PHASE: tl.constexpr):
     """[ROWS, BLOCK_N] tile of w[c0 + col] (c0: [ROWS] int32 in [0, V)), for SPLIT bodies whose
     columns come in aligned runs of V (W_REALIGN). Two 16-byte loads of w per run and a register
     shift instead of V scalar loads. w is read up to N rounded up to V: the rest of the 16-byte
-    line holding w's last element (never a fault; the values land only in masked-off lanes)."""
+    line holding w's last element (never a fault; the values land only in masked-off lanes).
+    PHASE >= 0: every c0 is PHASE (W_BRANCH), so the shift is fixed: one load at PHASE 0."""
     NP = (N + V - 1) // V * V
     if _INTERPRETED:  # no inline PTX in the interpreter: the same values, gathered
+        if PHASE >= 0:  # from the branch's phase, not the rows', so the branch is checked too
+            c0 = tl.zeros_like(c0) + PHASE
         return tl.load(W + c0[:, None] + cols[None, :], mask=c0[:, None] + cols[None, :] < N, other=0.0)
+    elif PHASE == 0:
+        return tl.broadcast_to(tl.load(W + cols, mask=cols < NP, other=0.0)[None, :], (ROWS, BLOCK_N))
+    elif PHASE > 0:
+        lo = tl.load(W + cols, mask=cols < NP, other=0.0)
+        hi = tl.load(W + V + cols, mask=cols + V < NP, other=0.0)
+        if V == 8:
+            lo16 = tl.broadcast_to(lo.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            hi16 = tl.broadcast_to(hi.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            w = tl.inline_asm_elementwise(_phase_shift(V, PHASE), _PHASE_SHIFT_OPERANDS, [lo16, hi16],
+                                          dtype=tl.int16, is_pure=True, pack=8)
+        else:
+            lo32 = tl.broadcast_to(lo.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            hi32 = tl.broadcast_to(hi.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
+            w = tl.inline_asm_elementwise(_phase_shift(V, PHASE), _PHASE_SHIFT_OPERANDS, [lo32, hi32],
+                                          dtype=tl.int32, is_pure=True, pack=4)
+        return w.to(W.dtype.element_ty, bitcast=True)
     else:
         lo = tl.load(W + cols, mask=cols < NP, other=0.0)
         hi = tl.load(W + V + cols, mask=cols + V < NP, other=0.0)
@@ -351,14 +387,22 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                          W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                          W_PDL: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
                          SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr, X16: tl.constexpr,
-                         W_AHEAD: tl.constexpr):
+                         W_AHEAD: tl.constexpr, W_BRANCH: tl.constexpr):
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
-                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT, PIECES, X16, W_AHEAD)
+                       W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT, PIECES, X16, W_AHEAD, -1)
+    elif W_BRANCH:  # the tile's rows share one 16-byte phase: a code path for each
+        tile = tl.program_id(0)
+        s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
+        phase = ((s0 + V - 1) // V * V - s0).to(tl.int32)
+        for k in tl.static_range(V):
+            if phase == k:
+                _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
+                           W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT, PIECES, X16, W_AHEAD, k)
     else:
         _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tl.program_id(0), BLOCK_N, ROWS, V, ALIGNED, SPLIT,
-                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT, PIECES, X16, W_AHEAD)
+                   HAS_W, W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, SAME_PHASE, HINT, PIECES, X16, W_AHEAD, -1)
 
 
 @triton.jit
@@ -380,20 +424,21 @@ def _body_mask(row_ok, cols, body_len):
 @triton.jit
 def _piece_w(W, mask, cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N: tl.constexpr, ROWS: tl.constexpr,
              V: tl.constexpr, SPLIT: tl.constexpr, W_SHIFT: tl.constexpr, W_REALIGN: tl.constexpr,
-             W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr):
-    """w for columns ``cols`` of the tile's row bodies, as loaded ([ROWS or 1, PIECE_N])."""
+             W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, PHASE: tl.constexpr):
+    """w for columns ``cols`` of the tile's row bodies, as loaded ([ROWS or 1, PIECE_N]); PHASE: the
+    rows' known 16-byte phase (W_BRANCH) or -1."""
     if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
         s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
         c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
         w_cols = cols < (s0 + N) // V * V - (s0 + c0)
         if W_REALIGN:
-            w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, PIECE_N, V)
+            w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, PIECE_N, V, PHASE)
         else:
             if W_PDL and not _INTERPRETED:
                 gdc_wait()
             w = tl.load(W + _body_w_offset(c0, N, V, W_SHIFT) + cols, mask=w_cols, other=0.0)[None, :]
     elif SPLIT and W_REALIGN:
-        w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, PIECE_N, V)
+        w = _realigned_w(W, (body_start - s).to(tl.int32), cols, N, ROWS, PIECE_N, V, PHASE)
     elif SPLIT:
         if W_PDL and not _INTERPRETED:  # the copies' kernel ran alongside x's loads: wait for it now
             gdc_wait()
@@ -412,7 +457,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
                ALIGNED: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                W_SHIFT: tl.constexpr, ROW_EDGES: tl.constexpr, W_REALIGN: tl.constexpr,
                W_PDL: tl.constexpr, SAME_PHASE: tl.constexpr, HINT: tl.constexpr, PIECES: tl.constexpr,
-               X16: tl.constexpr, W_AHEAD: tl.constexpr):
+               X16: tl.constexpr, W_AHEAD: tl.constexpr, PHASE: tl.constexpr):
     """The rows of tile ``tile`` (``_tile_row``) in the rows kernel. HINT marks x's loads and y's
     stores, read and written once: "" none, "cg" x not cached in L1, "cs" that and y stored as
     streaming, "evict_first" both first out of L1. PIECES (1, 2, 4 or 8): the body tile as that many
@@ -479,7 +524,7 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
             we = tl.load(W + (e_pos - s[:, None]), mask=e_mask, other=0.0)
     if W_AHEAD and HAS_W:  # the first piece's w in flight with x, through the row reduction
         w_next = _piece_w(W, _body_mask(row_ok, cols, body_len), cols, tile, s, body_start, n_cols, N, stride_row,
-                          PIECE_N, ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+                          PIECE_N, ROWS, V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE, PHASE)
     sumsq = tl.sum(sq, axis=1)
     if SPLIT and ROW_EDGES:
         for r in tl.static_range(ROWS):
@@ -500,14 +545,14 @@ def _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile,
             if p + 1 < PIECES:
                 w_next = _piece_w(W, _body_mask(row_ok, piece_cols + PIECE_N, body_len), piece_cols + PIECE_N,
                                   tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS, V, SPLIT, W_SHIFT,
-                                  W_REALIGN, W_PDL, SAME_PHASE)
+                                  W_REALIGN, W_PDL, SAME_PHASE, PHASE)
             y = to_fp32(keep_16_bit(xs[p], X16), PAIRS) * rstd[:, None] * to_fp32(w, PAIRS)
         else:
             # x * rstd before w's load: the other order spills FP32 rows[32768,1,w=32] (16 bytes)
             y = to_fp32(keep_16_bit(xs[p], X16), PAIRS) * rstd[:, None]
             if HAS_W:
                 w = _piece_w(W, piece_mask, piece_cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N, ROWS,
-                             V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE)
+                             V, SPLIT, W_SHIFT, W_REALIGN, W_PDL, SAME_PHASE, PHASE)
                 y = y * to_fp32(w, PAIRS)
         tl.store(Y + y_start[:, None] + piece_cols[None, :], y.to(Y.dtype.element_ty), mask=piece_mask,
                  cache_modifier=Y_CACHE, eviction_policy=EVICT)
