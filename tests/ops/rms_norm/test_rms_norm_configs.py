@@ -60,13 +60,15 @@ MEASURED_BEST = {
     ("fp16", 2048, 16384): Config("rows", 16384, 1, 8, pieces=4),
     ("fp16", 2048, 65536): Config("rows", 65536, 1, 16, x16=True, hint="cs", pieces=2),
     ("fp16", 2048, 114688): Config("segments", 16384, 1, 4, x16=True),
-    ("fp16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
-    ("fp16", 4096, 8193): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),
-    ("fp16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
+    ("fp16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, w_realign=True, x16=True, pieces=2,
+                                 w_branch=True),
+    ("fp16", 4096, 8193): Config("rows", 8192, 1, 4, row_edges=True, w_realign=True, w_branch=True),
+    ("fp16", 2048, 16385): Config("rows", 16384, 1, 16, row_edges=True, w_realign=True, pieces=4, w_branch=True),
     ("bf16", 8192, 4096): Config("rows", 4096, 2, 16),
     ("bf16", 2048, 16384): Config("rows", 16384, 1, 8, pieces=4),
-    ("bf16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
-    ("bf16", 2048, 16385): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
+    ("bf16", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True, w_realign=True, x16=True, pieces=2,
+                                 w_branch=True),
+    ("bf16", 2048, 16385): Config("rows", 16384, 1, 16, row_edges=True, w_realign=True, pieces=4, w_branch=True),
     ("fp32", 8192, 4096): Config("rows", 4096, 2, 4),
     ("fp32", 4096, 8192): Config("rows", 8192, 2, 32),
     ("fp32", 2048, 16384): Config("rows", 16384, 2, 16),
@@ -74,9 +76,10 @@ MEASURED_BEST = {
     ("fp32", 2048, 65536): Config("segments", 8192, 1, 4),
     ("fp32", 2048, 114688): Config("segments", 8192, 1, 4),
     ("fp32", 8192, 4097): Config("rows", 4096, 1, 4, row_edges=True),
-    ("fp32", 4096, 8193): Config("rows", 8192, 1, 8, row_edges=True),
+    ("fp32", 4096, 8193): Config("rows", 8192, 1, 8, row_edges=True, w_realign=True, w_branch=True),
     ("fp32", 2048, 16385): Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, pieces=4),
-    ("fp32", 2048, 32769): Config("rows", 32768, 1, 32, pieces=4, w_ahead=True),
+    ("fp32", 2048, 32769): Config("rows", 32768, 1, 32, row_edges=True, w_realign=True, pieces=4, w_ahead=True,
+                                  w_branch=True),
 }
 
 
@@ -372,9 +375,11 @@ def test_pdl_is_a_w_shift_switch_of_the_rows_kernel():
     assert pdl and all(c.w_shift and c.row_edges and c.kernel == "rows" for c in pdl)
     assert {replace(c, pdl=False) for c in pdl} <= set(tried)          # each next to its tile without it
     assert all(c.persistent and not c.pdl for c in configs.persistent_candidates(16385, 2, SPLIT))
-    # TUNED has it where the H200 sweep had it win: 16-bit split rows of 8193, not FP32; rows of 16385
-    # moved to w realigned in pieces (session 50), which has no copies to wait for
-    assert [configs.heuristic(N, 2, SPLIT).pdl for N in (4097, 8193, 16385)] == [False, True, False]
+    # TUNED had it where the H200 sweep had it win: 16-bit split rows of 8193, not FP32; rows of 16385
+    # moved to w realigned in pieces (session 50), rows of 8193 to w realigned by phase (session 51),
+    # neither with copies to wait for
+    assert [configs.heuristic(N, 2, SPLIT).pdl for N in (4097, 8193, 16385)] == [False, False, False]
+    assert configs.measured_pick(8193, 2, SPLIT).pdl and configs.measured_pick(8193, 2, SPLIT, before="w_branch").pdl
     assert configs.measured_pick(16385, 2, SPLIT).pdl
     assert not configs.heuristic(8193, 4, SPLIT).pdl and not configs.heuristic(16385, 4, SPLIT).pdl
 

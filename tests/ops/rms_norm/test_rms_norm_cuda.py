@@ -510,10 +510,11 @@ def test_w_realign_takes_an_unaligned_or_end_of_buffer_weight(dtype):
     # w_realign's vector loads need a 16-byte-aligned w (else the launch uses plain loads), and
     # read w up to its last 16-byte line: a w at the very end of its buffer stays correct
     N, M = 4097, 29
-    cfg = Config("rows", 4096, 1, 4, row_edges=True, w_realign=True)
     x = rand(M, N, dtype=dtype)
     weights = rand_weight(2 * N + 1, dtype)
-    for w in (weights[1:N + 1], weights[N + 1:], rand_weight(N, dtype)):
+    for cfg, w in itertools.product((Config("rows", 4096, 1, 4, row_edges=True, w_realign=True),
+                                     Config("rows", 4096, 1, 4, row_edges=True, w_realign=True, w_branch=True)),
+                                    (weights[1:N + 1], weights[N + 1:], rand_weight(N, dtype))):
         y, rstd = torch.full_like(x, float("nan")), torch.full((M, 1), float("nan"), device="cuda")
         launcher.launch(x, w, y, rstd, 1e-6, cfg)
         y_ref, _ = reference(x, 1, w, 1e-6)

@@ -151,13 +151,14 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 65536): Config("rows", 65536, 1, 16, x16=True, hint="cs", pieces=2),  # fp16 2048x65536
                                                                      # 140.0 (chunked 161.1)
     (2, ALIGNED, 131072): Config("segments", 16384, 1, 4, x16=True), # fp16 2048x114688 267.0 (chunked 300.6)
-    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),  # fp16 8192x4097 36.7,
-                                                                     # bf16 37.3 (one piece 37.2 / 37.9)
-    (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),  # fp16 4096x8193
-                                                                     # 37.2 (no pdl 39.0, plain 42.9)
-    (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
-                                                                     # fp16 2048x16385 37.7, bf16 38.9 (four
-                                                                     # pieces 38.6 / 38.6; copies 39.2 / 39.5)
+    (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True, w_realign=True, x16=True, pieces=2,
+                             w_branch=True),                         # fp16 8192x4097 34.6, bf16 34.8 (w
+                                                                     # unaligned 36.3 / 36.5)
+    (2, SPLIT, 8192): Config("rows", 8192, 1, 4, row_edges=True, w_realign=True, w_branch=True),  # fp16
+                                                                     # 4096x8193 36.4 (copies, pdl 37.2)
+    (2, SPLIT, 16384): Config("rows", 16384, 1, 16, row_edges=True, w_realign=True, pieces=4, w_branch=True),
+                                                                     # fp16 2048x16385 37.1, bf16 37.2 (8
+                                                                     # warps, 8 pieces, w ahead 38.0 / 37.8)
     (4, ALIGNED, 4096): Config("rows", 4096, 2, 4),                  # fp32 8192x4096    70.3 =
     (4, ALIGNED, 8192): Config("rows", 8192, 2, 32),                 # fp32 4096x8192    71.0 =
     (4, ALIGNED, 16384): Config("rows", 16384, 2, 16),               # fp32 2048x16384   72.6 =
@@ -165,18 +166,19 @@ TUNED: dict[tuple[int, str, int], Config] = {
     (4, ALIGNED, 65536): Config("segments", 8192, 1, 4),             # fp32 2048x65536  298.3 (chunked 349.8)
     (4, ALIGNED, 131072): Config("segments", 8192, 1, 4),            # fp32 2048x114688 523.7 (chunked 649.2)
     (4, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True),    # fp32 8192x4097    67.0 =
-    (4, SPLIT, 8192): Config("rows", 8192, 1, 8, row_edges=True),    # fp32 4096x8193    68.4 =
+    (4, SPLIT, 8192): Config("rows", 8192, 1, 8, row_edges=True, w_realign=True, w_branch=True),  # fp32
+                                                                     # 4096x8193 68.2 (w unaligned 69.1)
     (4, SPLIT, 16384): Config("rows", 16384, 2, 32, row_edges=True, w_realign=True, same_phase=True, pieces=4),
                                                                      # fp32 2048x16385 73.6 (16 warps, one
                                                                      # piece 78.9; one row a tile 81.0)
-    (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4, w_ahead=True),  # fp32 2048x32769 140.6 (w
-                                                                     # not ahead 142.9; 16 warps, one piece 151.6)
+    (4, SPLIT, 32768): Config("rows", 32768, 1, 32, row_edges=True, w_realign=True, pieces=4, w_ahead=True,
+                              w_branch=True),                        # fp32 2048x32769 136.4 (plain 141.8)
 }
 
 
 # TUNED's entries as they were before a change replaced them, by change: the tiles older candidate
 # lists were built from and measured against ("pieces": the tried, persistent, hint and pieces
-# lists; "w_ahead": the w_ahead list).
+# lists; "w_ahead": the w_ahead list; "w_branch": the w_branch list).
 EARLIER_PICKS: dict[str, dict[tuple[int, str, int], Config]] = {
     "pieces": {
         (2, ALIGNED, 8192): Config("rows", 8192, 2, 8),
@@ -191,13 +193,25 @@ EARLIER_PICKS: dict[str, dict[tuple[int, str, int], Config]] = {
         (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=4),
         (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4),
     },
+    "w_branch": {
+        (2, SPLIT, 4096): Config("rows", 4096, 1, 4, row_edges=True, x16=True, pieces=2),
+        (2, SPLIT, 8192): Config("rows", 8192, 1, 4, w_shift=True, row_edges=True, pdl=True),
+        (2, SPLIT, 16384): Config("rows", 16384, 1, 8, row_edges=True, w_realign=True, pieces=8, w_ahead=True),
+        (4, SPLIT, 8192): Config("rows", 8192, 1, 8, row_edges=True),
+        (4, SPLIT, 32768): Config("rows", 32768, 1, 32, pieces=4, w_ahead=True),
+    },
 }
 
 
 def measured_pick(N: int, element_size: int, layout: str, before: str = "pieces") -> Config:
-    """The heuristic's pick as it was before ``before`` changed it (``EARLIER_PICKS``)."""
+    """The heuristic's pick as it was before ``before`` changed it: the entry of the first change
+    from ``before`` on that replaced it (``EARLIER_PICKS`` is in order), else today's."""
     key = (element_size, layout, row_block(N, element_size, layout))
-    return EARLIER_PICKS[before].get(key) or heuristic(N, element_size, layout)
+    changes = list(EARLIER_PICKS)
+    for change in changes[changes.index(before):]:
+        if key in EARLIER_PICKS[change]:
+            return EARLIER_PICKS[change][key]
+    return heuristic(N, element_size, layout)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -293,6 +307,7 @@ def candidates(N: int, element_size: int, layout: str) -> list[Config]:
                               + pieces_candidates(N, element_size, layout)
                               + w_ahead_candidates(N, element_size, layout)
                               + split_16385_candidates(N, element_size, layout)
+                              + w_branch_candidates(N, element_size, layout)
                               + new_candidates(N, element_size, layout)))
 
 
@@ -347,14 +362,24 @@ def pieces_candidates(N: int, element_size: int, layout: str) -> list[Config]:
 
 
 def new_candidates(N: int, element_size: int, layout: str) -> list[Config]:
-    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: w_branch (a code path
-    for each 16-byte phase, so w's realigning shift is fixed at compile time: no selects, moves
-    ptxas folds away, or four byte permutes a run for odd 16-bit phases) on every SPLIT rows pick
-    with w realigned, and on the other one-row SPLIT picks realigned; for 16-bit rows of 16385 on
-    the realigned tile in 4 or 8 pieces, w ahead or not, over 8 or 16 warps. Why: the realigning
-    shift is ~19 instructions a 16-byte run (sm_90a, FP16 rows[16384,1,w=8] in eight pieces: 792 a
-    thread), and these tiles wait on their instructions between loads."""
-    pick = heuristic(N, element_size, layout)
+    """Configs ``sweep.py --new`` times against the heuristic's pick and ATen: none pending (the
+    last round is ``w_branch_candidates``)."""
+    return []
+
+
+def w_branch_candidates(N: int, element_size: int, layout: str) -> list[Config]:
+    """w_branch (a code path for each 16-byte phase, so w's realigning shift is fixed at compile
+    time: no selects; moves ptxas folds away, or four byte permutes a run for odd 16-bit phases) on
+    every SPLIT rows pick (as it was at 5ef87a2) with w realigned, and on the other one-row SPLIT
+    picks realigned; for 16-bit rows of 16385 on the realigned tile in 4 or 8 pieces, w ahead or
+    not, over 8 or 16 warps. Why: the realigning shift is ~19 instructions a 16-byte run (sm_90a,
+    FP16 rows[16384,1,w=8] in eight pieces: 792 a thread, ~510 a path with w_branch), and these
+    tiles wait on their instructions between loads. Measured at 5ef87a2 (BENCHMARKS.md session
+    51): won every 16-bit SPLIT case (FP16 8192x4097 34.6 us against 36.3, 4096x8193 36.4 against
+    37.2, 2048x16385 37.1 over 16 warps in four pieces against 38.0; BF16 alike), FP32 4096x8193
+    (68.2 against 69.1) and 2048x32769 (136.4 against 141.8), so TUNED has it there; lost FP32
+    8192x4097 (68.3 against 67.8) and 2048x16385 (71.7 against 70.9)."""
+    pick = measured_pick(N, element_size, layout, before="w_branch")
     if layout != SPLIT or pick.kernel != "rows" or pick.persistent or (pick.rows > 1 and not pick.same_phase):
         return []
     out = [replace(pick, w_shift=False, pdl=False, w_realign=True, row_edges=True, w_branch=True)]
@@ -608,7 +633,8 @@ def kernel_constexprs(config: Config, N: int, element_size: int, layout: str, ha
                 "HINT": config.hint, "PIECES": config.pieces,
                 "X16": config.x16 and element_size == 2,
                 "W_AHEAD": config.w_ahead and has_w,
-                "W_BRANCH": config.w_branch and layout == SPLIT and has_w} if config.kernel == "rows" else {}),
+                "W_BRANCH": config.w_branch and config.w_realign and layout == SPLIT and has_w}
+               if config.kernel == "rows" else {}),
             **({"RELOAD": config.reload, "X16": config.x16} if config.kernel == "segments" else {})}
 
 
@@ -727,9 +753,10 @@ def compile_specs():
         for cfg in persistent_candidates(N, _ELEMENT_SIZE[dtype], layout):
             if cfg.programs_per_sm == 1:
                 add(dtype, layout, cfg, N)
-    # w's shift fixed by a code path per phase (sweep.py --new)
-    add("fp16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], w_branch=True), 16385)
-    add("fp32", SPLIT, replace(TUNED[(4, SPLIT, 16384)], w_branch=True), 16385)
+    # w's shift fixed by a code path per phase (TUNED's 16-bit SPLIT tiles have it): BF16's, and
+    # the pick before it
+    add("bf16", SPLIT, TUNED[(2, SPLIT, 16384)], 16385)
+    add("fp16", SPLIT, EARLIER_PICKS["w_branch"][(2, SPLIT, 16384)], 16385)
     # cache hints on x and y (sweep.py --new)
     for hint in HINTS:
         add("fp16", SPLIT, replace(TUNED[(2, SPLIT, 16384)], hint=hint), 16385)

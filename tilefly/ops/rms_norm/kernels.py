@@ -153,7 +153,19 @@ w[j+c0 : j+c0+V] from their registers (_REALIGN_16/_REALIGN_32). The asm takes V
 instance (pack=V), which is one aligned run only if each thread's tile holds whole runs: the CPU
 test checks the TTGIR layout (sizePerThread [1, V]). Needs a 16-byte-aligned w (the launcher
 drops it otherwise). Cost: the second vector and the shift's registers (FP16 rows[16384,1,w=8]:
-145 against 117 with W_SHIFT), so on the H200 it won only FP32 rows (BENCHMARKS.md, session 14).
+145 against 117 with W_SHIFT), so on the H200 it won only FP32 rows (BENCHMARKS.md, session 14);
+in pieces it won 16-bit rows of 16385 (session 50), and with W_BRANCH every 16-bit SPLIT row.
+Phase branches (W_BRANCH, with W_REALIGN, tiles of one row or SAME_PHASE rows; configs.Config.
+w_branch): a tile's rows share one phase c0, uniform across the CTA, so the kernel branches once
+on it into V copies of the tile, each compiled with c0 as a constant (PHASE): the barrel shift
+becomes register moves ptxas folds away (even c0; c0 = 0 loads one vector, no shift) or, for
+16-bit odd c0, four prmt a run (_phase_shift). The selects and their operands go: FP16
+rows[16384,1,w=8] in eight pieces with W_AHEAD, 122 registers and 792 instructions a thread
+without, 112 and about 510 a path with it (V paths, 4096 instructions in the binary). On the H200
+(BENCHMARKS.md session 51) it made every 16-bit SPLIT case of the suite 2-5 % faster (FP16
+8192x4097 34.6 us against 36.3; 2048x16385 37.1 over 16 warps in four pieces against 38.0) and
+FP32 rows of 8193 and 32769 too; only the CTA-uniform branch makes this cheap: one row a tile
+(or rows V apart) is what gives a tile a single c0.
 Row edges (ROW_EDGES, the rows kernel; configs.Config.row_edges): the [ROWS, 2V] head/tail
 tile takes the rows tile's layout (8 lanes a thread, replicated across the CTA): ~200
 instructions a thread whatever the tile. ROW_EDGES instead handles each row's edges from its
