@@ -141,7 +141,8 @@ def row_block(N: int, element_size: int, layout: str) -> int:
 # entries; where their sweeps disagreed (only (2, aligned, 4096): 37.9 vs 37.8 us, noise) the
 # pick keeps 16 values per thread, the per-thread load the LLM-shape sweep validated. Entries in
 # pieces (and FP16 rows of 65536 as one rows tile) won `sweep.py --new` over every rows pick of the
-# suite at 0ccd669 (pieces_candidates; gains under ~1 % left out), those with w_ahead at c320772.
+# suite at 0ccd669 (pieces_candidates; gains under ~1 % left out), those with w_ahead at c320772, those with
+# w_branch at 5ef87a2.
 TUNED: dict[tuple[int, str, int], Config] = {
     (2, ALIGNED, 4096): Config("rows", 4096, 2, 16),                 # bf16 8192x4096    37.8 us
     (2, ALIGNED, 8192): Config("rows", 8192, 2, 16, x16=True, pieces=2),  # fp16 4096x8192 34.6 (36.1 before
@@ -418,7 +419,8 @@ def w_ahead_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     piece's stores, so a tile of four pieces makes four L2 round trips one after another once its
     row is reduced. Measured at c320772 (BENCHMARKS.md session 50): FP16 2048x16385 37.7 us in eight
     pieces with w ahead against 38.6 (BF16 38.9 against 38.6), FP32 2048x32769 140.6 against 142.9,
-    so TUNED has it there; elsewhere it tied or lost (FP16 2048x65536 150.8 against 140.0)."""
+    so TUNED has it there (16-bit rows of 16385 left it for w_branch, session 51); elsewhere it tied
+    or lost (FP16 2048x65536 150.8 against 140.0)."""
     pick = measured_pick(N, element_size, layout, before="w_ahead")
     if pick.kernel != "rows" or layout == GENERIC:
         return []
@@ -521,7 +523,7 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
     - SPLIT rows with the head/tail a row at a time (row_edges, rows kernel) and with it or alone
       the shifted weight copies (w_shift): rows tiles of 16-64 values per thread with 1-4 rows per
       program; w_shift segments of 2-16 pieces. Rows tiles with row_edges (and w_shift from rows
-      of 8193 on) won every SPLIT case of the suite and are in TUNED (16-bit 8192x4097: 3.6 TB/s,
+      of 8193 on) won every SPLIT case of the suite and were in TUNED (16-bit 8192x4097: 3.6 TB/s,
       4096x8193: 3.5, 2048x16385: 3.3);
     - SPLIT rows-kernel tiles with w realigned in registers (w_realign): won FP32 2048x16385 (80.5 us
       against 82.1 with row edges alone), lost or tied on 16-bit rows (FP16 2048x16385: 56.7 us at
@@ -530,7 +532,8 @@ def tried_candidates(N: int, element_size: int, layout: str) -> list[Config]:
       moved beyond 2 %, so the rows kernel does not have it;
     - SPLIT rows tiles with w_shift whose kernel is a programmatic dependent of the copies' kernel
       (pdl): won 16-bit 4096x8193 (37.2 us against 39.0) and 2048x16385 (39.3 against 41.3), lost
-      FP32 (70.4 against 68.8 without copies at 8193), so TUNED has it for 16-bit rows of 8193 on;
+      FP32 (70.4 against 68.8 without copies at 8193), so TUNED had it for 16-bit rows of 8193 on (until
+      w_branch replaced it, session 51);
     - long ALIGNED 16-bit rows: segments with 128 values (256 bytes) per thread held as FP32
       (SASS: 219-233 registers), and segments that reload their piece after the row sync
       (reload), 64 or 128 values a thread (FP16 2048x65536: 3.20 TB/s at best);

@@ -173,8 +173,9 @@ scalar row index (a [2V] tile Triton spreads a lane a thread). SASS, FP16 rows[4
 LDG.128 + 3 LDG.U16, 416 instructions with both (544 with W_SHIFT alone); FP32: 384 against 488.
 Either way the edges' x is loaded right after the body's and kept for the output: loaded after
 the row reduction (as up to 72fc4ba), its round trip (lines no body load touched, so usually
-DRAM) came after the reduction's on every tile's path. On the H200 (BENCHMARKS.md session 51)
-moving it took FP16 2048x16385 from 38.6 to 37.6 us and FP32 from 72.7 to 71.5.
+DRAM) came after the reduction's on every tile's path. On one H200 (BENCHMARKS.md session 51,
+23d5bc3 against 72fc4ba, w's edges then early on every tile) moving them took FP16 2048x16385
+from 38.6 to 37.6 us and FP32 from 72.7 to 71.5.
 Same-phase rows (SAME_PHASE, the rows kernel, SPLIT rows; configs.Config.same_phase): row r starts
 r*N elements in, so rows V apart start at the same 16-byte phase c0 and read w from the same column
 offset. With SAME_PHASE a tile's ROWS rows are V apart (tile t of group t // V takes rows t % V,
