@@ -341,37 +341,33 @@ def _realigned_w(W, c0, cols, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, V: t
         if PHASE >= 0:  # from the branch's phase, not the rows', so the branch is checked too
             c0 = tl.zeros_like(c0) + PHASE
         return tl.load(W + c0[:, None] + cols[None, :], mask=c0[:, None] + cols[None, :] < N, other=0.0)
-    elif PHASE == 0:
-        return tl.broadcast_to(tl.load(W + cols, mask=cols < NP, other=0.0)[None, :], (ROWS, BLOCK_N))
-    elif PHASE > 0:
-        lo = tl.load(W + cols, mask=cols < NP, other=0.0)
-        hi = tl.load(W + V + cols, mask=cols + V < NP, other=0.0)
-        if V == 8:
-            lo16 = tl.broadcast_to(lo.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            hi16 = tl.broadcast_to(hi.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            w = tl.inline_asm_elementwise(_phase_shift(V, PHASE), _PHASE_SHIFT_OPERANDS, [lo16, hi16],
-                                          dtype=tl.int16, is_pure=True, pack=8)
-        else:
-            lo32 = tl.broadcast_to(lo.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            hi32 = tl.broadcast_to(hi.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            w = tl.inline_asm_elementwise(_phase_shift(V, PHASE), _PHASE_SHIFT_OPERANDS, [lo32, hi32],
-                                          dtype=tl.int32, is_pure=True, pack=4)
-        return w.to(W.dtype.element_ty, bitcast=True)
     else:
         lo = tl.load(W + cols, mask=cols < NP, other=0.0)
-        hi = tl.load(W + V + cols, mask=cols + V < NP, other=0.0)
-        shift = tl.broadcast_to(c0[:, None], (ROWS, BLOCK_N))
-        if V == 8:
-            lo16 = tl.broadcast_to(lo.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            hi16 = tl.broadcast_to(hi.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            w = tl.inline_asm_elementwise(_REALIGN_16, _REALIGN_16_OPERANDS, [lo16, hi16, shift],
-                                          dtype=tl.int16, is_pure=True, pack=8)
+        if PHASE == 0:  # the body starts 16-byte aligned: w[j : j+V] is lo itself
+            w = tl.broadcast_to(lo[None, :], (ROWS, BLOCK_N))
         else:
-            lo32 = tl.broadcast_to(lo.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            hi32 = tl.broadcast_to(hi.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
-            w = tl.inline_asm_elementwise(_REALIGN_32, _REALIGN_32_OPERANDS, [lo32, hi32, shift],
-                                          dtype=tl.int32, is_pure=True, pack=4)
-        return w.to(W.dtype.element_ty, bitcast=True)
+            hi = tl.load(W + V + cols, mask=cols + V < NP, other=0.0)
+            shift = tl.broadcast_to(c0[:, None], (ROWS, BLOCK_N))
+            if V == 8:
+                lo16 = tl.broadcast_to(lo.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
+                hi16 = tl.broadcast_to(hi.to(tl.int16, bitcast=True)[None, :], (ROWS, BLOCK_N))
+                if PHASE > 0:
+                    w = tl.inline_asm_elementwise(_phase_shift(V, PHASE), _PHASE_SHIFT_OPERANDS, [lo16, hi16],
+                                                  dtype=tl.int16, is_pure=True, pack=8)
+                else:
+                    w = tl.inline_asm_elementwise(_REALIGN_16, _REALIGN_16_OPERANDS, [lo16, hi16, shift],
+                                                  dtype=tl.int16, is_pure=True, pack=8)
+            else:
+                lo32 = tl.broadcast_to(lo.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
+                hi32 = tl.broadcast_to(hi.to(tl.int32, bitcast=True)[None, :], (ROWS, BLOCK_N))
+                if PHASE > 0:
+                    w = tl.inline_asm_elementwise(_phase_shift(V, PHASE), _PHASE_SHIFT_OPERANDS, [lo32, hi32],
+                                                  dtype=tl.int32, is_pure=True, pack=4)
+                else:
+                    w = tl.inline_asm_elementwise(_REALIGN_32, _REALIGN_32_OPERANDS, [lo32, hi32, shift],
+                                                  dtype=tl.int32, is_pure=True, pack=4)
+            w = w.to(W.dtype.element_ty, bitcast=True)
+        return w
 
 
 @triton.jit
@@ -407,8 +403,7 @@ def rms_norm_rows_kernel(X, W, Y, RSTD, M, N, stride_row, eps,
                        W_SHIFT, ROW_EDGES, W_REALIGN, W_PDL, False, HINT, PIECES, X16, W_AHEAD, -1)
     elif W_BRANCH:  # the tile's rows share one 16-byte phase: a code path for each
         tile = tl.program_id(0)
-        s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
-        phase = ((s0 + V - 1) // V * V - s0).to(tl.int32)
+        phase = _phase(_tile_start(tile, stride_row, ROWS, V, SAME_PHASE), V)
         for k in tl.static_range(V):
             if phase == k:
                 _rows_tile(X, W, Y, RSTD, M, N, stride_row, eps, tile, BLOCK_N, ROWS, V, ALIGNED, SPLIT, HAS_W,
@@ -429,6 +424,19 @@ def _tile_row(tile, r, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.const
 
 
 @triton.jit
+def _tile_start(tile, stride_row, ROWS: tl.constexpr, V: tl.constexpr, SAME_PHASE: tl.constexpr):
+    """Where the tile's first row starts (int64 elements into x)."""
+    return tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
+
+
+@triton.jit
+def _phase(s, V: tl.constexpr):
+    """The 16-byte phase of a row starting at s: the row column its aligned body starts at (int32),
+    which every row of a one-row or SAME_PHASE tile shares."""
+    return ((s + V - 1) // V * V - s).to(tl.int32)
+
+
+@triton.jit
 def _body_mask(row_ok, cols, body_len):
     """[ROWS, len(cols)] mask: the row exists and the column lies in its body."""
     return row_ok[:, None] & (cols[None, :] < body_len[:, None])
@@ -441,8 +449,8 @@ def _piece_w(W, mask, cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N:
     """w for columns ``cols`` of the tile's row bodies, as loaded ([ROWS or 1, PIECE_N]); PHASE: the
     rows' known 16-byte phase (W_BRANCH) or -1."""
     if SPLIT and SAME_PHASE:  # one w tile for every row: the first row's phase is theirs
-        s0 = tl.cast(_tile_row(tile, 0, ROWS, V, SAME_PHASE), tl.int64) * stride_row
-        c0 = ((s0 + V - 1) // V * V - s0).to(tl.int32)
+        s0 = _tile_start(tile, stride_row, ROWS, V, SAME_PHASE)
+        c0 = _phase(s0, V)
         w_cols = cols < (s0 + N) // V * V - (s0 + c0)
         if W_REALIGN:
             w = _realigned_w(W, tl.full([1], 0, tl.int32) + c0, cols, N, 1, PIECE_N, V, PHASE)
@@ -460,8 +468,6 @@ def _piece_w(W, mask, cols, tile, s, body_start, n_cols, N, stride_row, PIECE_N:
     else:
         w = tl.load(W + cols, mask=cols < n_cols, other=0.0)[None, :]
     return w
-
-
 
 
 @triton.jit

@@ -156,7 +156,7 @@ def _jit_launch(key, layout, x, w, y, rstd, M, N, stride, eps, cfg):
     cfg_ = cfg or configs.heuristic(N, size, layout)
     configs.validate(cfg_, N, size, layout)
     if cfg_.w_realign and (w is None or w.data_ptr() % 16):  # its vector loads of w need alignment
-        cfg_ = replace(cfg_, w_realign=False, w_branch=False)
+        cfg_ = replace(cfg_, w_realign=False)  # and with it w_branch (kernel_constexprs)
     constexprs = configs.kernel_constexprs(cfg_, N, size, layout, w is not None)
     entry = Entry()
     entry.kernel, entry.rows_per_program, entry.programs, entry.segments = cfg_.kernel, cfg_.rows, 0, 0
